@@ -1,0 +1,4 @@
+#include "backend.h"
+namespace evoattn {
+evoattn_status_t cpu_backward(const BwdParams&) { return EVOATTN_ERROR_INTERNAL; }
+}

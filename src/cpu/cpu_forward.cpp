@@ -1,0 +1,4 @@
+#include "backend.h"
+namespace evoattn {
+evoattn_status_t cpu_forward(const FwdParams&) { return EVOATTN_ERROR_INTERNAL; }
+}
