@@ -1,0 +1,54 @@
+// Element-type helpers shared by the CUDA kernels: loads of any evoattn dtype as float, and
+// stores of float into a dtype, for strided (non-vectorised) access.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "params.h"
+
+namespace evoattn::cuda {
+
+template <DType> struct ElementOf;
+template <> struct ElementOf<DType::kF16> { using type = __half; };
+template <> struct ElementOf<DType::kBF16> { using type = __nv_bfloat16; };
+template <> struct ElementOf<DType::kF32> { using type = float; };
+
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+
+// Element i of a buffer whose dtype is only known at run time (biases, masks, outputs).
+__device__ __forceinline__ float load_any(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kBool: return static_cast<const uint8_t*>(base)[i] ? 0.0f : -__int_as_float(0x7f800000);
+  }
+  return 0.0f;
+}
+
+__device__ __forceinline__ void store_any(void* base, DType t, int64_t i, float x) {
+  switch (t) {
+    case DType::kF16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
+    case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); break;
+    case DType::kF32: static_cast<float*>(base)[i] = x; break;
+    case DType::kBool: break;
+  }
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+
+}  // namespace evoattn::cuda

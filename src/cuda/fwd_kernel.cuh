@@ -1,0 +1,344 @@
+// Forward kernel for float16 / bfloat16 on mma.sync (sm_80+): FlashAttention-2 style.
+//
+//   block = 2 groups x 4 warps; group g owns work item (b, h, q-tile, n), n fastest, so both
+//   groups usually share (b, h, q-tile) and, when the pair bias broadcasts over N, one bias tile.
+//   for each key tile (64 keys, K/V double-buffered with cp.async):
+//     S  = Q K^T                      (per warp 16 x 64, fp32 accumulators)
+//     S2 = S * scale*log2(e) + (tile bias + key bias) * log2(e)     (log2 domain)
+//     m' = max(m, rowmax S2); P = 2^(S2 - m'); l = l 2^(m - m') + rowsum P; O = O 2^(m - m') + P V
+//   O /= l; LSE = (m + log2 l) ln 2      (l = 0: fully masked row -> O = 0, LSE = -inf)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/element.cuh"
+#include "cuda/launch_plan.h"
+#include "cuda/ptx.cuh"
+#include "cuda/tile_io.cuh"
+#include "params.h"
+
+namespace evoattn::cuda {
+
+template <typename Element, int kHeadDim>
+struct FwdTraits {
+  static constexpr int kBlockM = 64;  // query rows per group: 16 per warp
+  static constexpr int kBlockN = 64;  // keys per tile
+  static constexpr int kGroups = 2;
+  static constexpr int kGroupThreads = 128;
+  static constexpr int kThreads = kGroups * kGroupThreads;
+  // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 2 : 1;
+  static constexpr int kRowStride = kHeadDim + 8;
+  // Float bias tile row stride: 72 = 8 (mod 32) words, so a half-warp's float2 reads of
+  // rows g = 0..3 land in four disjoint 8-bank groups.
+  static constexpr int kTileStride = kBlockN + 8;
+  static constexpr int kQElems = kGroups * kBlockM * kRowStride;
+  static constexpr int kKVElems = kGroups * 2 * kBlockN * kRowStride;  // two stages per group
+  static constexpr int kTileFloats = kGroups * kBlockM * kTileStride;
+  static constexpr int kKeyFloats = kGroups * kBlockN;
+  static constexpr size_t kSmemBytes =
+      (kQElems + 2 * kKVElems) * sizeof(Element) + (kTileFloats + kKeyFloats) * sizeof(float);
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "head dim buckets are multiples of 16");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+};
+
+namespace fwd {
+
+// Bias tile rows/columns a thread fills: `units` rows (32 apart) of 16 consecutive columns.
+struct FillSlice {
+  int row, col0, units;
+};
+
+__device__ __forceinline__ FillSlice fill_slice(bool shared_tile, int tid, int group_tid) {
+  const int t = shared_tile ? tid : group_tid;
+  return FillSlice{t / 4, (t % 4) * 16, shared_tile ? 1 : 2};
+}
+
+// The fast tile path: one 2-byte bias with unit key stride and 16-byte aligned rows. The raw
+// bytes are fetched one tile ahead into registers and converted after the tile's math.
+struct TilePrefetch {
+  uint4 raw[2][2];
+
+  __device__ __forceinline__ void load(const FwdParams& p, const LaunchPlan& plan,
+                                       const FillSlice& f, int64_t b, int64_t n, int64_t h,
+                                       int64_t i0, int64_t j0) {
+    const BiasParams& bp = p.bias[plan.tile_fast_slot];
+    const uint16_t* base = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b +
+                           n * bp.stride.n + h * bp.stride.h;
+    for (int u = 0; u < 2; ++u) {
+      if (u >= f.units) break;
+      const int64_t i = i0 + f.row + 32 * u;
+      for (int half = 0; half < 2; ++half) {
+        const int64_t j = j0 + f.col0 + 8 * half;
+        raw[u][half] = (i < p.Lq && j < p.Lk)
+                           ? *reinterpret_cast<const uint4*>(base + i * bp.stride.q + j)
+                           : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(float* tile, int stride, const FillSlice& f, DType dt) const {
+    for (int u = 0; u < 2; ++u) {
+      if (u >= f.units) break;
+      float* dst = tile + (f.row + 32 * u) * stride + f.col0;
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t w[4] = {raw[u][half].x, raw[u][half].y, raw[u][half].z, raw[u][half].w};
+        float v[8];
+        for (int e = 0; e < 4; ++e) {
+          if (dt == DType::kBF16) {
+            v[2 * e] = __uint_as_float(w[e] << 16);
+            v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+          } else {
+            const __half2 h2 = *reinterpret_cast<const __half2*>(&w[e]);
+            const float2 f2 = __half22float2(h2);
+            v[2 * e] = f2.x;
+            v[2 * e + 1] = f2.y;
+          }
+        }
+        for (int e = 0; e < 8; e += 4) {
+          *reinterpret_cast<float4*>(dst + 8 * half + e) =
+              make_float4(v[e] * kLog2e, v[e + 1] * kLog2e, v[e + 2] * kLog2e, v[e + 3] * kLog2e);
+        }
+      }
+    }
+  }
+};
+
+// Any number of tile slots, any strides and dtypes: synchronous element loads.
+__device__ __forceinline__ void fill_tile_generic(float* tile, int stride, const FillSlice& f,
+                                                  const FwdParams& p, const LaunchPlan& plan,
+                                                  int64_t b, int64_t n, int64_t h, int64_t i0,
+                                                  int64_t j0) {
+  for (int u = 0; u < f.units; ++u) {
+    const int r = f.row + 32 * u;
+    const int64_t i = i0 + r;
+    for (int c = 0; c < 16; ++c) {
+      const int64_t j = j0 + f.col0 + c;
+      float v = 0.0f;
+      if (i < p.Lq && j < p.Lk) {
+        for (int s = 0; s < kNumBiasSlots; ++s) {
+          if (!(plan.tile_slots >> s & 1u)) continue;
+          const BiasParams& bp = p.bias[s];
+          v += load_any(bp.ptr, bp.dtype,
+                        b * bp.stride.b + n * bp.stride.n + h * bp.stride.h + i * bp.stride.q +
+                            j * bp.stride.k);
+        }
+      }
+      tile[r * stride + f.col0 + c] = v * kLog2e;
+    }
+  }
+}
+
+}  // namespace fwd
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
+                                  FwdTraits<Element, kHeadDim>::kMinBlocksPerSm)
+    fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan) {
+  using T = FwdTraits<Element, kHeadDim>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
+  constexpr int kTileStride = T::kTileStride;
+  constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S
+  constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of O
+  constexpr int kKSteps = kHeadDim / 16;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Element* sQ = reinterpret_cast<Element*>(smem_raw);
+  Element* sK = sQ + T::kQElems;
+  Element* sV = sK + T::kKVElems;
+  float* sTile = reinterpret_cast<float*>(sV + T::kKVElems);
+  float* sKey = sTile + T::kTileFloats;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int group = warp / 4, warp_row = (warp % 4) * 16, group_tid = tid % T::kGroupThreads;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
+
+  // Work item of this group; an idle second group (odd item count) recomputes the last item
+  // and stores nothing, so block-wide barriers stay uniform.
+  const int64_t first_item = 2 * static_cast<int64_t>(blockIdx.x);
+  const bool active = first_item + group < plan.num_items;
+  int64_t item = active ? first_item + group : plan.num_items - 1;
+  const int64_t n = item % p.N;
+  item /= p.N;
+  const int64_t i0 = (item % plan.q_tiles) * kBlockM;
+  item /= plan.q_tiles;
+  const int64_t h = item % p.H, b = item / p.H;
+  const bool shared_tile = plan.tile_shared_over_n && first_item + 1 < plan.num_items &&
+                           first_item / p.N == (first_item + 1) / p.N;
+
+  Element* myQ = sQ + group * kBlockM * kRowStride;
+  Element* myK = sK + group * 2 * kBlockN * kRowStride;
+  Element* myV = sV + group * 2 * kBlockN * kRowStride;
+  float* myTile = sTile + (shared_tile ? 0 : group) * kBlockM * kTileStride;
+  float* myKey = sKey + group * kBlockN;
+  const RowPtr q_src = row_ptr<Element>(p.q, p.q_stride, b, n, h);
+  const RowPtr k_src = row_ptr<Element>(p.k, p.k_stride, b, n, h);
+  const RowPtr v_src = row_ptr<Element>(p.v, p.v_stride, b, n, h);
+  const bool has_tile = plan.tile_slots != 0;
+  const bool fast_tile = plan.tile_fast_slot >= 0;
+  // A shared tile is filled by all 256 threads, a group's own tile by its 128.
+  const fwd::FillSlice fill = fwd::fill_slice(shared_tile, tid, group_tid);
+
+  load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(myQ, q_src, i0, p.Lq, p.D,
+                                                                   plan.vec_q, group_tid);
+  load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(myK, k_src, 0, p.Lk, p.D,
+                                                                   plan.vec_k, group_tid);
+  load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(myV, v_src, 0, p.Lk, p.D,
+                                                                   plan.vec_v, group_tid);
+  cp_async_commit();
+  fwd::TilePrefetch prefetch;
+  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, 0);
+
+  uint32_t q_frag[kKSteps][4];
+  float acc_o[kDTiles][4];
+  for (int d = 0; d < kDTiles; ++d)
+    for (int e = 0; e < 4; ++e) acc_o[d][e] = 0.0f;
+  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
+
+  for (int kt = 0; kt < plan.k_tiles; ++kt) {
+    const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
+    const int stage = kt & 1;
+    // Biases of this tile into shared memory (the previous tile's readers passed a barrier).
+    if (fast_tile) {
+      prefetch.store(myTile, kTileStride, fill, p.bias[plan.tile_fast_slot].dtype);
+    } else if (has_tile) {
+      fwd::fill_tile_generic(myTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
+    }
+    if (group_tid < kBlockN) {
+      myKey[group_tid] = key_bias_log2(p, plan.key_slots, b, n, h, i0, j0 + group_tid);
+    }
+    if (kt + 1 < plan.k_tiles) {
+      const int next = stage ^ 1;
+      load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(
+          myK + next * kBlockN * kRowStride, k_src, j0 + kBlockN, p.Lk, p.D, plan.vec_k, group_tid);
+      load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(
+          myV + next * kBlockN * kRowStride, v_src, j0 + kBlockN, p.Lk, p.D, plan.vec_v, group_tid);
+      cp_async_commit();
+      if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, j0 + kBlockN);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    if (kt == 0) {
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        ldmatrix_x4(q_frag[kk], myQ + (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
+      }
+    }
+
+    // S = Q K^T.
+    const Element* Ks = myK + stage * kBlockN * kRowStride;
+    float s[kNTiles][4];
+    for (int nt = 0; nt < kNTiles; ++nt)
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t kf[4];
+        const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(kf, Ks + key * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8);
+        mma_16816<Element>(s[2 * np], q_frag[kk], {kf[0], kf[1]});
+        mma_16816<Element>(s[2 * np + 1], q_frag[kk], {kf[2], kf[3]});
+      }
+    }
+
+    // Scores in the log2 domain, then the online softmax on rows g and g + 8.
+    float tile_max[2] = {neg_inf(), neg_inf()};
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int c = nt * 8 + 2 * t;
+      const float2 kb = *reinterpret_cast<const float2*>(myKey + c);
+      float2 tb0 = make_float2(0.0f, 0.0f), tb1 = tb0;
+      if (has_tile) {
+        tb0 = *reinterpret_cast<const float2*>(myTile + (warp_row + g) * kTileStride + c);
+        tb1 = *reinterpret_cast<const float2*>(myTile + (warp_row + g + 8) * kTileStride + c);
+      }
+      s[nt][0] = fmaf(s[nt][0], p.scale_log2, kb.x + tb0.x);
+      s[nt][1] = fmaf(s[nt][1], p.scale_log2, kb.y + tb0.y);
+      s[nt][2] = fmaf(s[nt][2], p.scale_log2, kb.x + tb1.x);
+      s[nt][3] = fmaf(s[nt][3], p.scale_log2, kb.y + tb1.y);
+      tile_max[0] = fmaxf(tile_max[0], fmaxf(s[nt][0], s[nt][1]));
+      tile_max[1] = fmaxf(tile_max[1], fmaxf(s[nt][2], s[nt][3]));
+    }
+    float m_use[2];
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(row_max[r], tile_max[r]);
+      // While every key so far is masked, exponentiate against 0: -inf - -inf never occurs.
+      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;
+      const float alpha = exp2_approx(row_max[r] - m_use[r]);
+      row_max[r] = m_new;
+      row_sum[r] *= alpha;
+      for (int d = 0; d < kDTiles; ++d) {
+        acc_o[d][2 * r] *= alpha;
+        acc_o[d][2 * r + 1] *= alpha;
+      }
+    }
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2_approx(s[nt][e] - m_use[e / 2]);
+        row_sum[e / 2] += s[nt][e];
+      }
+    }
+
+    // O += P V, P straight from the S accumulators (their layout is the A-fragment layout).
+    const Element* Vs = myV + stage * kBlockN * kRowStride;
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {pack2<Element>(s[2 * kk][0], s[2 * kk][1]),
+                             pack2<Element>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        uint32_t vf[4];
+        const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4_trans(vf, Vs + key * kRowStride + dp * 16 + (lane >> 4) * 8);
+        mma_16816<Element>(acc_o[2 * dp], a, {vf[0], vf[1]});
+        mma_16816<Element>(acc_o[2 * dp + 1], a, {vf[2], vf[3]});
+      }
+    }
+    __syncthreads();
+  }
+
+  // Epilogue: normalise, write O (rows g, g + 8 of the warp) and the LSE.
+  if (!active) return;
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int64_t i = i0 + warp_row + g + 8 * r;
+    if (i >= p.Lq) continue;
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    Element* o_row = static_cast<Element*>(p.o) + b * p.o_stride.b + n * p.o_stride.n +
+                     h * p.o_stride.h + i * p.o_stride.l;
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      const int d = dt * 8 + 2 * t;
+      const float x0 = acc_o[dt][2 * r] * inv, x1 = acc_o[dt][2 * r + 1] * inv;
+      if (plan.vec_o && d < p.D) {
+        *reinterpret_cast<uint32_t*>(o_row + d) = pack2<Element>(x0, x1);
+      } else {
+        if (d < p.D) o_row[d * p.o_stride.d] = from_float<Element>(x0);
+        if (d + 1 < p.D) o_row[(d + 1) * p.o_stride.d] = from_float<Element>(x1);
+      }
+    }
+    if (t == 0 && p.lse != nullptr) {
+      const float m = row_max[r] == neg_inf() ? 0.0f : row_max[r];
+      p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q] =
+          sum == 0.0f ? neg_inf() : (m + __log2f(sum)) * kLn2;
+    }
+  }
+}
+
+// Launches fwd_kernel for one (Element, kHeadDim); defined per instantiation file.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  using T = FwdTraits<Element, kHeadDim>;
+  auto kernel = fwd_kernel<Element, kHeadDim>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(T::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  const int64_t blocks = (plan.num_items + 1) / 2;
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
+  return cudaGetLastError();
+}
+
+}  // namespace evoattn::cuda

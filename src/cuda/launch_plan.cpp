@@ -1,0 +1,66 @@
+#include "cuda/launch_plan.h"
+
+#include <cstdint>
+
+namespace evoattn::cuda {
+namespace {
+
+int64_t element_bytes(DType t) { return t == DType::kF32 ? 4 : t == DType::kBool ? 1 : 2; }
+
+// 16-byte copies of rows of a [B, N, L, H, D] tensor: unit D stride, every other stride and
+// the base a multiple of 16 bytes, and D a whole number of 16-byte chunks.
+bool rows_vectorizable(const void* ptr, const SeqStrides& s, int D, DType t) {
+  const int64_t per16 = 16 / element_bytes(t);
+  return ptr != nullptr && s.d == 1 && D % per16 == 0 && s.b % per16 == 0 && s.n % per16 == 0 &&
+         s.l % per16 == 0 && s.h % per16 == 0 && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+// 4-byte stores of element pairs.
+bool pairs_storable(const void* ptr, const SeqStrides& s, int D, DType t) {
+  if (t == DType::kF32) return false;
+  return ptr != nullptr && s.d == 1 && D % 2 == 0 && s.b % 2 == 0 && s.n % 2 == 0 && s.l % 2 == 0 &&
+         s.h % 2 == 0 && reinterpret_cast<uintptr_t>(ptr) % 4 == 0;
+}
+
+}  // namespace
+
+LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
+  LaunchPlan plan{};
+  plan.q_tiles = static_cast<int32_t>((p.Lq + block_m - 1) / block_m);
+  plan.k_tiles = static_cast<int32_t>((p.Lk + block_n - 1) / block_n);
+  plan.num_items = p.B * p.H * plan.q_tiles * p.N;
+  plan.vec_q = rows_vectorizable(p.q, p.q_stride, p.D, p.dtype);
+  plan.vec_k = rows_vectorizable(p.k, p.k_stride, p.D, p.dtype);
+  plan.vec_v = rows_vectorizable(p.v, p.v_stride, p.D, p.dtype);
+  plan.vec_o = pairs_storable(p.o, p.o_stride, p.D, p.dtype);
+  plan.tile_fast_slot = -1;
+  plan.tile_shared_over_n = true;
+  int num_tiles = 0;
+  for (int s = 0; s < kNumBiasSlots; ++s) {
+    const BiasParams& b = p.bias[s];
+    if (b.ptr == nullptr) continue;
+    if (b.stride.q == 0) {
+      plan.key_slots |= 1u << s;
+      continue;
+    }
+    plan.tile_slots |= 1u << s;
+    ++num_tiles;
+    plan.tile_shared_over_n = plan.tile_shared_over_n && b.stride.n == 0;
+    const ScoreStrides& st = b.stride;
+    const bool fast = element_bytes(b.dtype) == 2 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
+                      st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(b.ptr) % 16 == 0;
+    if (fast) plan.tile_fast_slot = s;
+  }
+  if (num_tiles != 1) plan.tile_fast_slot = -1;
+  return plan;
+}
+
+LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
+  LaunchPlan plan = make_launch_plan(static_cast<const FwdParams&>(p), block_m, block_n);
+  plan.vec_do = rows_vectorizable(p.d_o, p.do_stride, p.D, p.dtype);
+  plan.vec_o = rows_vectorizable(p.o, p.o_stride, p.D, p.dtype);
+  return plan;
+}
+
+}  // namespace evoattn::cuda
