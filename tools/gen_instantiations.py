@@ -10,8 +10,12 @@ HEAD_DIMS = [16, 32, 64, 128]
 # kernel name -> (header, launcher signature after the template arguments)
 KERNELS = {
     "fwd": ("cuda/fwd_kernel.cuh", "run_fwd", "(const FwdParams&, const LaunchPlan&, cudaStream_t)"),
+    "bwd_dkdv": ("cuda/bwd_dkdv_kernel.cuh", "run_bwd_dkdv",
+                 "(const BwdParams&, const LaunchPlan&, cudaStream_t)"),
+    "bwd_rows": ("cuda/bwd_rows_kernel.cuh", "run_bwd_rows",
+                 "(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t)"),
 }
-HAND_WRITTEN = ["dispatch.cu", "launch_plan.cpp"]
+HAND_WRITTEN = ["dispatch.cu", "launch_plan.cpp", "delta.cu", "simt_fp32.cu"]
 
 
 def main() -> None:

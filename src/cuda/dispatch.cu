@@ -39,15 +39,53 @@ evoattn_status_t cuda_status(const char* fn, cudaError_t err) {
 
 int head_dim_bucket(int D) { return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 
+// Tiles of the mma.sync kernels (64 queries x 64 keys); the SIMT kernels use 32 x 32.
+constexpr int kTileM = 64, kTileN = 64;
+
 template <typename Element>
 cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
-  const LaunchPlan plan = cuda::make_launch_plan(p, 64, 64);
+  const LaunchPlan plan = cuda::make_launch_plan(p, kTileM, kTileN);
   switch (head_dim_bucket(p.D)) {
     case 16: return cuda::run_fwd<Element, 16>(p, plan, stream);
     case 32: return cuda::run_fwd<Element, 32>(p, plan, stream);
     case 64: return cuda::run_fwd<Element, 64>(p, plan, stream);
     default: return cuda::run_fwd<Element, 128>(p, plan, stream);
   }
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim>(p, plan, stream)) return e;
+  for (int slot = -1; slot < kNumGradSlots; ++slot) {
+    if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;
+    const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot);
+    if (cudaError_t e = cuda::run_bwd_rows<Element, kHeadDim>(p, plan, task, stream)) return e;
+  }
+  return cudaSuccess;
+}
+
+template <typename Element>
+cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
+  const LaunchPlan plan = cuda::make_launch_plan(p, kTileM, kTileN);
+  if (cudaError_t e = cuda::run_delta<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
+  switch (head_dim_bucket(p.D)) {
+    case 16: return bwd_mma_hdim<Element, 16>(p, plan, stream);
+    case 32: return bwd_mma_hdim<Element, 32>(p, plan, stream);
+    case 64: return bwd_mma_hdim<Element, 64>(p, plan, stream);
+    default: return bwd_mma_hdim<Element, 128>(p, plan, stream);
+  }
+}
+
+cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
+  const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kSimtTile, cuda::kSimtTile);
+  if (cudaError_t e = cuda::run_delta<float>(p, false, stream)) return e;
+  if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
+  for (int slot = -1; slot < kNumGradSlots; ++slot) {
+    if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;
+    const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot);
+    if (cudaError_t e = cuda::run_simt_rows(p, plan, task, stream)) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -65,13 +103,20 @@ evoattn_status_t cuda_forward(const FwdParams& p, void* stream_ptr) {
   switch (p.dtype) {
     case DType::kF16: return cuda_status(fn, fwd_mma<__half>(p, stream));
     case DType::kBF16: return cuda_status(fn, fwd_mma<__nv_bfloat16>(p, stream));
-    default:
-      return set_error(EVOATTN_ERROR_UNSUPPORTED, std::string(fn) + ": float32 CUDA path not built yet");
+    default: return cuda_status(fn, cuda::run_simt_fwd(p, stream));
   }
 }
 
-evoattn_status_t cuda_backward(const BwdParams&, void*) {
-  return set_error(EVOATTN_ERROR_UNSUPPORTED, "evoattn_backward: CUDA backward not built yet");
+evoattn_status_t cuda_backward(const BwdParams& p, void* stream_ptr) {
+  const char* fn = "evoattn_backward";
+  DeviceGuard guard(p.device);
+  if (guard.status() != cudaSuccess) return cuda_status(fn, guard.status());
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (p.dtype) {
+    case DType::kF16: return cuda_status(fn, bwd_mma<__half>(p, stream));
+    case DType::kBF16: return cuda_status(fn, bwd_mma<__nv_bfloat16>(p, stream));
+    default: return cuda_status(fn, bwd_simt(p, stream));
+  }
 }
 
 }  // namespace evoattn

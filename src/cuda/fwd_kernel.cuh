@@ -42,94 +42,6 @@ struct FwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-namespace fwd {
-
-// Bias tile rows/columns a thread fills: `units` rows (32 apart) of 16 consecutive columns.
-struct FillSlice {
-  int row, col0, units;
-};
-
-__device__ __forceinline__ FillSlice fill_slice(bool shared_tile, int tid, int group_tid) {
-  const int t = shared_tile ? tid : group_tid;
-  return FillSlice{t / 4, (t % 4) * 16, shared_tile ? 1 : 2};
-}
-
-// The fast tile path: one 2-byte bias with unit key stride and 16-byte aligned rows. The raw
-// bytes are fetched one tile ahead into registers and converted after the tile's math.
-struct TilePrefetch {
-  uint4 raw[2][2];
-
-  __device__ __forceinline__ void load(const FwdParams& p, const LaunchPlan& plan,
-                                       const FillSlice& f, int64_t b, int64_t n, int64_t h,
-                                       int64_t i0, int64_t j0) {
-    const BiasParams& bp = p.bias[plan.tile_fast_slot];
-    const uint16_t* base = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b +
-                           n * bp.stride.n + h * bp.stride.h;
-    for (int u = 0; u < 2; ++u) {
-      if (u >= f.units) break;
-      const int64_t i = i0 + f.row + 32 * u;
-      for (int half = 0; half < 2; ++half) {
-        const int64_t j = j0 + f.col0 + 8 * half;
-        raw[u][half] = (i < p.Lq && j < p.Lk)
-                           ? *reinterpret_cast<const uint4*>(base + i * bp.stride.q + j)
-                           : make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-
-  __device__ __forceinline__ void store(float* tile, int stride, const FillSlice& f, DType dt) const {
-    for (int u = 0; u < 2; ++u) {
-      if (u >= f.units) break;
-      float* dst = tile + (f.row + 32 * u) * stride + f.col0;
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t w[4] = {raw[u][half].x, raw[u][half].y, raw[u][half].z, raw[u][half].w};
-        float v[8];
-        for (int e = 0; e < 4; ++e) {
-          if (dt == DType::kBF16) {
-            v[2 * e] = __uint_as_float(w[e] << 16);
-            v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-          } else {
-            const __half2 h2 = *reinterpret_cast<const __half2*>(&w[e]);
-            const float2 f2 = __half22float2(h2);
-            v[2 * e] = f2.x;
-            v[2 * e + 1] = f2.y;
-          }
-        }
-        for (int e = 0; e < 8; e += 4) {
-          *reinterpret_cast<float4*>(dst + 8 * half + e) =
-              make_float4(v[e] * kLog2e, v[e + 1] * kLog2e, v[e + 2] * kLog2e, v[e + 3] * kLog2e);
-        }
-      }
-    }
-  }
-};
-
-// Any number of tile slots, any strides and dtypes: synchronous element loads.
-__device__ __forceinline__ void fill_tile_generic(float* tile, int stride, const FillSlice& f,
-                                                  const FwdParams& p, const LaunchPlan& plan,
-                                                  int64_t b, int64_t n, int64_t h, int64_t i0,
-                                                  int64_t j0) {
-  for (int u = 0; u < f.units; ++u) {
-    const int r = f.row + 32 * u;
-    const int64_t i = i0 + r;
-    for (int c = 0; c < 16; ++c) {
-      const int64_t j = j0 + f.col0 + c;
-      float v = 0.0f;
-      if (i < p.Lq && j < p.Lk) {
-        for (int s = 0; s < kNumBiasSlots; ++s) {
-          if (!(plan.tile_slots >> s & 1u)) continue;
-          const BiasParams& bp = p.bias[s];
-          v += load_any(bp.ptr, bp.dtype,
-                        b * bp.stride.b + n * bp.stride.n + h * bp.stride.h + i * bp.stride.q +
-                            j * bp.stride.k);
-        }
-      }
-      tile[r * stride + f.col0 + c] = v * kLog2e;
-    }
-  }
-}
-
-}  // namespace fwd
 
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
@@ -177,7 +89,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   const bool has_tile = plan.tile_slots != 0;
   const bool fast_tile = plan.tile_fast_slot >= 0;
   // A shared tile is filled by all 256 threads, a group's own tile by its 128.
-  const fwd::FillSlice fill = fwd::fill_slice(shared_tile, tid, group_tid);
+  const BiasFill fill = bias_fill_slice(shared_tile, tid, group_tid);
 
   load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(myQ, q_src, i0, p.Lq, p.D,
                                                                    plan.vec_q, group_tid);
@@ -186,7 +98,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(myV, v_src, 0, p.Lk, p.D,
                                                                    plan.vec_v, group_tid);
   cp_async_commit();
-  fwd::TilePrefetch prefetch;
+  BiasTilePrefetch prefetch;
   if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, 0);
 
   uint32_t q_frag[kKSteps][4];
@@ -202,7 +114,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     if (fast_tile) {
       prefetch.store(myTile, kTileStride, fill, p.bias[plan.tile_fast_slot].dtype);
     } else if (has_tile) {
-      fwd::fill_tile_generic(myTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
+      fill_bias_tile_generic(myTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
     }
     if (group_tid < kBlockN) {
       myKey[group_tid] = key_bias_log2(p, plan.key_slots, b, n, h, i0, j0 + group_tid);
@@ -301,31 +213,22 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
 
   // Epilogue: normalise, write O (rows g, g + 8 of the warp) and the LSE.
   if (!active) return;
+  float inv[2];
   for (int r = 0; r < 2; ++r) {
     float sum = row_sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
     const int64_t i = i0 + warp_row + g + 8 * r;
-    if (i >= p.Lq) continue;
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-    Element* o_row = static_cast<Element*>(p.o) + b * p.o_stride.b + n * p.o_stride.n +
-                     h * p.o_stride.h + i * p.o_stride.l;
-    for (int dt = 0; dt < kDTiles; ++dt) {
-      const int d = dt * 8 + 2 * t;
-      const float x0 = acc_o[dt][2 * r] * inv, x1 = acc_o[dt][2 * r + 1] * inv;
-      if (plan.vec_o && d < p.D) {
-        *reinterpret_cast<uint32_t*>(o_row + d) = pack2<Element>(x0, x1);
-      } else {
-        if (d < p.D) o_row[d * p.o_stride.d] = from_float<Element>(x0);
-        if (d + 1 < p.D) o_row[(d + 1) * p.o_stride.d] = from_float<Element>(x1);
-      }
-    }
-    if (t == 0 && p.lse != nullptr) {
+    if (t == 0 && p.lse != nullptr && i < p.Lq) {
       const float m = row_max[r] == neg_inf() ? 0.0f : row_max[r];
       p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q] =
           sum == 0.0f ? neg_inf() : (m + __log2f(sum)) * kLn2;
     }
   }
+  Element* o_base = static_cast<Element*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h;
+  store_acc_rows<Element, kDTiles>(acc_o, o_base, p.o_stride.l, p.o_stride.d, i0 + warp_row, p.Lq,
+                                   p.D, plan.pairs_o, lane, inv);
 }
 
 // Launches fwd_kernel for one (Element, kHeadDim); defined per instantiation file.

@@ -11,7 +11,24 @@
 
 namespace evoattn::cuda {
 
+// float16 / bfloat16 on mma.sync; tiles of 64 queries x 64 keys.
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
+                         cudaStream_t stream);
+
+// Delta = rowsum(dO * O) for every dtype (delta.cu).
+template <typename Element>
+cudaError_t run_delta(const BwdParams& p, bool vec, cudaStream_t stream);
+
+// float32 in IEEE arithmetic on the CUDA cores (simt_fp32.cu); tiles of 32 x 32.
+constexpr int kSimtTile = 32;
+cudaError_t run_simt_fwd(const FwdParams& p, cudaStream_t stream);
+cudaError_t run_simt_dkdv(const BwdParams& p, cudaStream_t stream);
+cudaError_t run_simt_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
+                          cudaStream_t stream);
 
 }  // namespace evoattn::cuda

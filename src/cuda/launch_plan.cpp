@@ -32,7 +32,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   plan.vec_q = rows_vectorizable(p.q, p.q_stride, p.D, p.dtype);
   plan.vec_k = rows_vectorizable(p.k, p.k_stride, p.D, p.dtype);
   plan.vec_v = rows_vectorizable(p.v, p.v_stride, p.D, p.dtype);
-  plan.vec_o = pairs_storable(p.o, p.o_stride, p.D, p.dtype);
+  plan.pairs_o = pairs_storable(p.o, p.o_stride, p.D, p.dtype);
   plan.tile_fast_slot = -1;
   plan.tile_shared_over_n = true;
   int num_tiles = 0;
@@ -60,7 +60,31 @@ LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
   LaunchPlan plan = make_launch_plan(static_cast<const FwdParams&>(p), block_m, block_n);
   plan.vec_do = rows_vectorizable(p.d_o, p.do_stride, p.D, p.dtype);
   plan.vec_o = rows_vectorizable(p.o, p.o_stride, p.D, p.dtype);
+  plan.pairs_dq = pairs_storable(p.dq, p.dq_stride, p.D, p.dtype);
+  plan.pairs_dk = pairs_storable(p.dk, p.dk_stride, p.D, p.dtype);
+  plan.pairs_dv = pairs_storable(p.dv, p.dv_stride, p.D, p.dtype);
   return plan;
+}
+
+RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
+  RowsTask task{};
+  task.grad_slot = grad_slot;
+  if (grad_slot < 0) {
+    task.loop_k = true;
+  } else {
+    const BiasGradParams& g = p.dbias[grad_slot];
+    task.loop_b = g.reduce_b;
+    task.loop_n = g.reduce_n;
+    task.loop_h = g.reduce_h;
+    task.loop_q = g.reduce_q;
+    task.loop_k = g.reduce_k;
+  }
+  const bool loops[5] = {task.loop_b, task.loop_n, task.loop_h, task.loop_q, task.loop_k};
+  const int64_t extents[5] = {p.B, p.N, p.H, plan.q_tiles, plan.k_tiles};
+  task.iters = 1;
+  task.blocks = 1;
+  for (int d = 0; d < 5; ++d) (loops[d] ? task.iters : task.blocks) *= extents[d];
+  return task;
 }
 
 }  // namespace evoattn::cuda

@@ -2,6 +2,8 @@
 list(APPEND EVOATTN_SOURCES
   cuda/dispatch.cu
   cuda/launch_plan.cpp
+  cuda/delta.cu
+  cuda/simt_fp32.cu
   cuda/instantiations/fwd_fp16_hdim16.cu
   cuda/instantiations/fwd_fp16_hdim32.cu
   cuda/instantiations/fwd_fp16_hdim64.cu
@@ -10,4 +12,20 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_bf16_hdim32.cu
   cuda/instantiations/fwd_bf16_hdim64.cu
   cuda/instantiations/fwd_bf16_hdim128.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim16.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim32.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim64.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim128.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim16.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim32.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim64.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim128.cu
+  cuda/instantiations/bwd_rows_fp16_hdim16.cu
+  cuda/instantiations/bwd_rows_fp16_hdim32.cu
+  cuda/instantiations/bwd_rows_fp16_hdim64.cu
+  cuda/instantiations/bwd_rows_fp16_hdim128.cu
+  cuda/instantiations/bwd_rows_bf16_hdim16.cu
+  cuda/instantiations/bwd_rows_bf16_hdim32.cu
+  cuda/instantiations/bwd_rows_bf16_hdim64.cu
+  cuda/instantiations/bwd_rows_bf16_hdim128.cu
 )

@@ -1,0 +1,207 @@
+// Backward, key side, for float16 / bfloat16 on mma.sync: one block per (b, n, h, 64 keys).
+//
+//   K, V tile stays in shared memory; for each tile of 64 queries (Q, dO double-buffered):
+//     S^T  = K Q^T,  dP^T = V dO^T                     (per warp: 16 keys x 64 queries)
+//     P^T  = 2^(S^T scale log2 e + bias^T log2 e - LSE log2 e)
+//     dS^T = P^T (dP^T - Delta)
+//     dV  += P^T dO,  dK += dS^T Q                      (P^T, dS^T reused as A operands)
+//   dK *= scale. Each block owns its rows of dK and dV: no atomics, deterministic.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/element.cuh"
+#include "cuda/launch_plan.h"
+#include "cuda/ptx.cuh"
+#include "cuda/tile_io.cuh"
+#include "params.h"
+
+namespace evoattn::cuda {
+
+template <typename Element, int kHeadDim>
+struct BwdKeyTraits {
+  static constexpr int kBlockM = 64;  // queries per iteration
+  static constexpr int kBlockN = 64;  // keys per block: 16 per warp
+  static constexpr int kThreads = 128;
+  static constexpr int kRowStride = kHeadDim + 8;
+  // The bias tile is [query][key] but read transposed (rows = keys): a stride of 68 = 4 (mod 16)
+  // words puts the four query columns 2t of a quad 8 banks apart.
+  static constexpr int kTileStride = kBlockN + 4;
+  static constexpr int kSeqElems = kBlockN * kRowStride;  // one K, V, Q or dO tile
+  static constexpr size_t kSmemBytes =
+      (2 + 4) * kSeqElems * sizeof(Element) +
+      (kBlockM * kTileStride + kBlockN + 4 * kBlockM) * sizeof(float);
+  static_assert(kBlockM == kBlockN, "one tile shape for K, V, Q and dO");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+};
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(128)
+    bwd_dkdv_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
+  using T = BwdKeyTraits<Element, kHeadDim>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
+  constexpr int kTileStride = T::kTileStride;
+  constexpr int kQTiles = kBlockM / 8;   // 8-query column tiles of S^T
+  constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of dK, dV
+  constexpr int kKSteps = kHeadDim / 16;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Element* sK = reinterpret_cast<Element*>(smem_raw);
+  Element* sV = sK + T::kSeqElems;
+  Element* sQ = sV + T::kSeqElems;   // [2 stages]
+  Element* sdO = sQ + 2 * T::kSeqElems;  // [2 stages]
+  float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
+  float* sKey = sTile + kBlockM * kTileStride;
+  float* sLse = sKey + kBlockN;     // [2 stages][kBlockM], LSE * log2(e); +inf for masked rows
+  float* sDelta = sLse + 2 * kBlockM;  // [2 stages][kBlockM]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
+
+  int64_t block = blockIdx.x;
+  const int64_t j0 = (block % plan.k_tiles) * kBlockN;
+  block /= plan.k_tiles;
+  const int64_t h = block % p.H;
+  block /= p.H;
+  const int64_t n = block % p.N, b = block / p.N;
+
+  const RowPtr q_src = row_ptr<Element>(p.q, p.q_stride, b, n, h);
+  const RowPtr do_src = row_ptr<Element>(p.d_o, p.do_stride, b, n, h);
+  const int64_t lse_base = b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h;
+  const float* delta = static_cast<const float*>(p.workspace) + ((b * p.N + n) * p.H + h) * p.Lq;
+  const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
+  const BiasFill fill = bias_fill_slice(false, tid, tid);
+
+  load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h),
+                                                    j0, p.Lk, p.D, plan.vec_k, tid);
+  load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h),
+                                                    j0, p.Lk, p.D, plan.vec_v, tid);
+  if (tid < kBlockN) sKey[tid] = key_bias_log2(p, plan.key_slots, b, n, h, 0, j0 + tid);
+
+  // Q, dO, LSE and Delta of query tile `qt` into stage `s`.
+  auto load_query_tile = [&](int qt, int s) {
+    const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
+    load_rows_to_smem<Element, kBlockM, kHeadDim, 128>(sQ + s * T::kSeqElems, q_src, i0, p.Lq, p.D,
+                                                      plan.vec_q, tid);
+    load_rows_to_smem<Element, kBlockM, kHeadDim, 128>(sdO + s * T::kSeqElems, do_src, i0, p.Lq,
+                                                      p.D, plan.vec_do, tid);
+    if (tid < kBlockM) {
+      const int64_t i = i0 + tid;
+      float lse = i < p.Lq ? p.lse[lse_base + i * p.lse_stride_q] : neg_inf();
+      // A fully masked row (LSE = -inf) must give P = 0: exponentiate against +inf instead.
+      sLse[s * kBlockM + tid] = lse == neg_inf() ? -neg_inf() : lse * kLog2e;
+      sDelta[s * kBlockM + tid] = i < p.Lq ? delta[i] : 0.0f;
+    }
+  };
+  load_query_tile(0, 0);
+  cp_async_commit();
+  BiasTilePrefetch prefetch;
+  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, 0, j0);
+
+  float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
+  for (int d = 0; d < kDTiles; ++d)
+    for (int e = 0; e < 4; ++e) acc_dk[d][e] = acc_dv[d][e] = 0.0f;
+
+  for (int qt = 0; qt < plan.q_tiles; ++qt) {
+    const int stage = qt & 1;
+    const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
+    if (fast_tile) {
+      prefetch.store(sTile, kTileStride, fill, p.bias[plan.tile_fast_slot].dtype);
+    } else if (has_tile) {
+      fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
+    }
+    if (qt + 1 < plan.q_tiles) {
+      load_query_tile(qt + 1, stage ^ 1);
+      cp_async_commit();
+      if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0 + kBlockM, j0);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    const Element* Qs = sQ + stage * T::kSeqElems;
+    const Element* dOs = sdO + stage * T::kSeqElems;
+    // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
+    float s[kQTiles][4], dp[kQTiles][4];
+    for (int nt = 0; nt < kQTiles; ++nt)
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t ka[4], va[4];
+      const int a_off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
+      ldmatrix_x4(ka, sK + a_off);
+      ldmatrix_x4(va, sV + a_off);
+      for (int np = 0; np < kQTiles / 2; ++np) {
+        const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        const int b_off = row * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
+        uint32_t qb[4], dob[4];
+        ldmatrix_x4(qb, Qs + b_off);
+        ldmatrix_x4(dob, dOs + b_off);
+        mma_16816<Element>(s[2 * np], ka, {qb[0], qb[1]});
+        mma_16816<Element>(s[2 * np + 1], ka, {qb[2], qb[3]});
+        mma_16816<Element>(dp[2 * np], va, {dob[0], dob[1]});
+        mma_16816<Element>(dp[2 * np + 1], va, {dob[2], dob[3]});
+      }
+    }
+
+    // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
+    const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
+    const float* lse = sLse + stage * kBlockM;
+    const float* dlt = sDelta + stage * kBlockM;
+    for (int nt = 0; nt < kQTiles; ++nt) {
+      for (int e = 0; e < 4; ++e) {
+        const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
+        const float bias = key_bias[e / 2] + (has_tile ? sTile[query * kTileStride + key] : 0.0f);
+        const float prob = exp2_approx(fmaf(s[nt][e], p.scale_log2, bias) - lse[query]);
+        s[nt][e] = prob;
+        dp[nt][e] = prob * (dp[nt][e] - dlt[query]);
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q; B operands are dO / Q read transposed.
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const uint32_t pa[4] = {pack2<Element>(s[2 * kk][0], s[2 * kk][1]),
+                              pack2<Element>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t dsa[4] = {pack2<Element>(dp[2 * kk][0], dp[2 * kk][1]),
+                               pack2<Element>(dp[2 * kk][2], dp[2 * kk][3]),
+                               pack2<Element>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                               pack2<Element>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+      for (int dq = 0; dq < kDTiles / 2; ++dq) {
+        const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int off = row * kRowStride + dq * 16 + (lane >> 4) * 8;
+        uint32_t dob[4], qb[4];
+        ldmatrix_x4_trans(dob, dOs + off);
+        ldmatrix_x4_trans(qb, Qs + off);
+        mma_16816<Element>(acc_dv[2 * dq], pa, {dob[0], dob[1]});
+        mma_16816<Element>(acc_dv[2 * dq + 1], pa, {dob[2], dob[3]});
+        mma_16816<Element>(acc_dk[2 * dq], dsa, {qb[0], qb[1]});
+        mma_16816<Element>(acc_dk[2 * dq + 1], dsa, {qb[2], qb[3]});
+      }
+    }
+    __syncthreads();
+  }
+
+  const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
+  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
+  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
+  store_acc_rows<Element, kDTiles>(acc_dk, dk, p.dk_stride.l, p.dk_stride.d, j0 + warp_row, p.Lk,
+                                   p.D, plan.pairs_dk, lane, scale);
+  store_acc_rows<Element, kDTiles>(acc_dv, dv, p.dv_stride.l, p.dv_stride.d, j0 + warp_row, p.Lk,
+                                   p.D, plan.pairs_dv, lane, one);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  using T = BwdKeyTraits<Element, kHeadDim>;
+  auto kernel = bwd_dkdv_kernel<Element, kHeadDim>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(T::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  const int64_t blocks = p.B * p.N * p.H * plan.k_tiles;
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
+  return cudaGetLastError();
+}
+
+}  // namespace evoattn::cuda

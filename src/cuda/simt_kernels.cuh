@@ -1,0 +1,259 @@
+// float32 kernels in IEEE arithmetic on the CUDA cores (no tensor cores, so no TF32 rounding),
+// for any strides and any D <= 128. A quad of 4 threads owns one row (query or key); thread
+// `lane4` of the quad holds elements d = lane4 + 4k of that row, so a dot product is a
+// partial sum and two shuffles. Tiles of 32 rows and 32 keys; natural-log exponentials (expf).
+//
+//   fwd  : block (b, n, h, 32 queries); online softmax over key tiles held in shared memory
+//   dkdv : block (b, n, h, 32 keys);    loop over query tiles: dV += P dO, dK += dS Q
+//   rows : as bwd_rows_kernel (dQ, or one bias gradient over its broadcast dimensions)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/bwd_rows_kernel.cuh"
+#include "cuda/element.cuh"
+#include "cuda/launch_plan.h"
+#include "params.h"
+
+namespace evoattn::cuda::simt {
+
+constexpr int kRows = 32, kThreads = 128, kSlice = kMaxHeadDim / 4;
+constexpr int kSmemStride = kMaxHeadDim + 1;  // odd stride: the 4 lanes of a quad hit 4 banks
+constexpr size_t kTileBytes = kRows * kSmemStride * sizeof(float);
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Sum of every bias slot at one score, in natural units.
+__device__ __forceinline__ float bias_at(const FwdParams& p, int64_t b, int64_t n, int64_t h,
+                                         int64_t i, int64_t j) {
+  float v = 0.0f;
+  for (int s = 0; s < kNumBiasSlots; ++s) {
+    const BiasParams& bp = p.bias[s];
+    if (bp.ptr == nullptr) continue;
+    const ScoreStrides& st = bp.stride;
+    v += load_any(bp.ptr, bp.dtype, b * st.b + n * st.n + h * st.h + i * st.q + j * st.k);
+  }
+  return v;
+}
+
+__device__ __forceinline__ const float* seq_row(const void* base, const SeqStrides& s, int64_t b,
+                                                int64_t n, int64_t h, int64_t row) {
+  return static_cast<const float*>(base) + b * s.b + n * s.n + h * s.h + row * s.l;
+}
+
+// One quad's slice of a row (0 past D or past `rows`).
+__device__ __forceinline__ void load_slice(float (&x)[kSlice], const float* row, int64_t d_stride,
+                                           bool valid, int D, int lane4, float mul = 1.0f) {
+  for (int k = 0; k < kSlice; ++k) {
+    const int d = lane4 + 4 * k;
+    x[k] = valid && d < D ? mul * row[d * d_stride] : 0.0f;
+  }
+}
+
+__device__ __forceinline__ void store_slice(const float (&x)[kSlice], float* row, int64_t d_stride,
+                                            int D, int lane4, float mul) {
+  for (int k = 0; k < kSlice; ++k) {
+    const int d = lane4 + 4 * k;
+    if (d < D) row[d * d_stride] = mul * x[k];
+  }
+}
+
+// kRows rows of a [B, N, L, H, D] tensor into smem[r * kSmemStride + d], zero past L and D.
+__device__ __forceinline__ void load_tile(float* smem, const void* base, const SeqStrides& s,
+                                          int64_t b, int64_t n, int64_t h, int64_t row0,
+                                          int64_t num_rows, int D) {
+  for (int e = threadIdx.x; e < kRows * kMaxHeadDim; e += kThreads) {
+    const int r = e / kMaxHeadDim, d = e % kMaxHeadDim;
+    const bool valid = row0 + r < num_rows && d < D;
+    smem[r * kSmemStride + d] = valid ? seq_row(base, s, b, n, h, row0 + r)[d * s.d] : 0.0f;
+  }
+}
+
+__device__ __forceinline__ float quad_dot(const float (&x)[kSlice], const float* smem_row, int lane4) {
+  float acc = 0.0f;
+  for (int k = 0; k < kSlice; ++k) acc += x[k] * smem_row[lane4 + 4 * k];
+  return quad_sum(acc);
+}
+
+__global__ void __launch_bounds__(kThreads) fwd_kernel(const __grid_constant__ FwdParams p) {
+  extern __shared__ float smem[];
+  float* sK = smem;
+  float* sV = smem + kRows * kSmemStride;
+  const int lane4 = threadIdx.x % 4;
+  int64_t blk = blockIdx.x;
+  const int64_t q_tiles = (p.Lq + kRows - 1) / kRows;
+  const int64_t i = (blk % q_tiles) * kRows + threadIdx.x / 4;
+  blk /= q_tiles;
+  const int64_t h = blk % p.H, n = blk / p.H % p.N, b = blk / (p.H * p.N);
+  const bool valid = i < p.Lq;
+
+  float q[kSlice], acc[kSlice];
+  load_slice(q, seq_row(p.q, p.q_stride, b, n, h, valid ? i : 0), p.q_stride.d, valid, p.D, lane4);
+  for (int k = 0; k < kSlice; ++k) acc[k] = 0.0f;
+  float m = neg_inf(), l = 0.0f;
+  for (int64_t j0 = 0; j0 < p.Lk; j0 += kRows) {
+    __syncthreads();
+    load_tile(sK, p.k, p.k_stride, b, n, h, j0, p.Lk, p.D);
+    load_tile(sV, p.v, p.v_stride, b, n, h, j0, p.Lk, p.D);
+    __syncthreads();
+    float s[kRows];
+    float tile_max = neg_inf();
+    for (int jj = 0; jj < kRows; ++jj) {
+      const int64_t j = j0 + jj;
+      const float dot = quad_dot(q, sK + jj * kSmemStride, lane4);
+      s[jj] = j < p.Lk ? dot * p.scale + (valid ? bias_at(p, b, n, h, i, j) : 0.0f) : neg_inf();
+      tile_max = fmaxf(tile_max, s[jj]);
+    }
+    const float m_new = fmaxf(m, tile_max);
+    const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // all masked so far: avoid -inf - -inf
+    const float alpha = expf(m - m_use);
+    l *= alpha;
+    for (int k = 0; k < kSlice; ++k) acc[k] *= alpha;
+    for (int jj = 0; jj < kRows; ++jj) {
+      const float pr = expf(s[jj] - m_use);
+      l += pr;
+      for (int k = 0; k < kSlice; ++k) acc[k] += pr * sV[jj * kSmemStride + lane4 + 4 * k];
+    }
+    m = m_new;
+  }
+  if (!valid) return;
+  float* o = static_cast<float*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h +
+             i * p.o_stride.l;
+  store_slice(acc, o, p.o_stride.d, p.D, lane4, l == 0.0f ? 0.0f : 1.0f / l);
+  if (lane4 == 0 && p.lse != nullptr) {
+    p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q] =
+        l == 0.0f ? neg_inf() : (m == neg_inf() ? 0.0f : m) + logf(l);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ BwdParams p) {
+  extern __shared__ float smem[];
+  float* sQ = smem;
+  float* sdO = sQ + kRows * kSmemStride;
+  float* sLse = sdO + kRows * kSmemStride;
+  float* sDelta = sLse + kRows;
+  const int lane4 = threadIdx.x % 4;
+  int64_t blk = blockIdx.x;
+  const int64_t k_tiles = (p.Lk + kRows - 1) / kRows;
+  const int64_t j = (blk % k_tiles) * kRows + threadIdx.x / 4;
+  blk /= k_tiles;
+  const int64_t h = blk % p.H, n = blk / p.H % p.N, b = blk / (p.H * p.N);
+  const bool valid = j < p.Lk;
+  const float* delta = static_cast<const float*>(p.workspace) + ((b * p.N + n) * p.H + h) * p.Lq;
+
+  float kr[kSlice], vr[kSlice], dk[kSlice], dv[kSlice];
+  load_slice(kr, seq_row(p.k, p.k_stride, b, n, h, valid ? j : 0), p.k_stride.d, valid, p.D, lane4);
+  load_slice(vr, seq_row(p.v, p.v_stride, b, n, h, valid ? j : 0), p.v_stride.d, valid, p.D, lane4);
+  for (int k = 0; k < kSlice; ++k) dk[k] = dv[k] = 0.0f;
+  for (int64_t i0 = 0; i0 < p.Lq; i0 += kRows) {
+    __syncthreads();
+    load_tile(sQ, p.q, p.q_stride, b, n, h, i0, p.Lq, p.D);
+    load_tile(sdO, p.d_o, p.do_stride, b, n, h, i0, p.Lq, p.D);
+    if (threadIdx.x < kRows) {
+      const int64_t i = i0 + threadIdx.x;
+      sLse[threadIdx.x] = i < p.Lq ? p.lse[b * p.lse_stride_b + n * p.lse_stride_n +
+                                           h * p.lse_stride_h + i * p.lse_stride_q]
+                                   : neg_inf();
+      sDelta[threadIdx.x] = i < p.Lq ? delta[i] : 0.0f;
+    }
+    __syncthreads();
+    for (int ii = 0; ii < kRows && i0 + ii < p.Lq; ++ii) {
+      const float* q = sQ + ii * kSmemStride;
+      const float* d_o = sdO + ii * kSmemStride;
+      const float s = quad_dot(kr, q, lane4) * p.scale + (valid ? bias_at(p, b, n, h, i0 + ii, j) : 0.0f);
+      const float pr = sLse[ii] == neg_inf() ? 0.0f : expf(s - sLse[ii]);
+      const float ds = pr * (quad_dot(vr, d_o, lane4) - sDelta[ii]);
+      for (int k = 0; k < kSlice; ++k) {
+        dv[k] += pr * d_o[lane4 + 4 * k];
+        dk[k] += ds * q[lane4 + 4 * k];
+      }
+    }
+  }
+  if (!valid) return;
+  auto out_row = [&](void* base, const SeqStrides& s) {
+    return static_cast<float*>(base) + b * s.b + n * s.n + h * s.h + j * s.l;
+  };
+  store_slice(dk, out_row(p.dk, p.dk_stride), p.dk_stride.d, p.D, lane4, p.scale);
+  store_slice(dv, out_row(p.dv, p.dv_stride), p.dv_stride.d, p.D, lane4, 1.0f);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    rows_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
+                const __grid_constant__ RowsTask task) {
+  extern __shared__ float smem[];
+  float* sK = smem;
+  float* sV = sK + kRows * kSmemStride;
+  float* sAcc = sV + kRows * kSmemStride;  // [kRows][kRows + 1] bias-gradient tile
+  const int lane4 = threadIdx.x % 4, row = threadIdx.x / 4;
+  const bool want_dq = task.grad_slot < 0;
+
+  float q[kSlice], d_o[kSlice], dq[kSlice], acc[kRows / 4];
+  for (int k = 0; k < kSlice; ++k) dq[k] = 0.0f;
+  for (int e = 0; e < kRows / 4; ++e) acc[e] = 0.0f;
+  float lse = 0.0f, dlt = 0.0f;
+  const TileCoord out = rows_coord(task, p, plan, blockIdx.x, 0);
+  TileCoord prev{-1, -1, -1, -1, -1};
+  for (int64_t it = 0; it < task.iters; ++it) {
+    const TileCoord c = rows_coord(task, p, plan, blockIdx.x, it);
+    const int64_t i = c.qt * kRows + row, j0 = c.kt * kRows;
+    const bool valid = i < p.Lq;
+    if (c.b != prev.b || c.n != prev.n || c.h != prev.h || c.qt != prev.qt) {
+      const int64_t ii = valid ? i : 0;
+      load_slice(q, seq_row(p.q, p.q_stride, c.b, c.n, c.h, ii), p.q_stride.d, valid, p.D, lane4);
+      load_slice(d_o, seq_row(p.d_o, p.do_stride, c.b, c.n, c.h, ii), p.do_stride.d, valid, p.D, lane4);
+      lse = valid ? p.lse[c.b * p.lse_stride_b + c.n * p.lse_stride_n + c.h * p.lse_stride_h +
+                          i * p.lse_stride_q]
+                  : neg_inf();
+      dlt = valid ? static_cast<const float*>(p.workspace)[((c.b * p.N + c.n) * p.H + c.h) * p.Lq + i] : 0.0f;
+    }
+    prev = c;
+    __syncthreads();
+    load_tile(sK, p.k, p.k_stride, c.b, c.n, c.h, j0, p.Lk, p.D);
+    load_tile(sV, p.v, p.v_stride, c.b, c.n, c.h, j0, p.Lk, p.D);
+    __syncthreads();
+    for (int jj = 0; jj < kRows; ++jj) {
+      const int64_t j = j0 + jj;
+      const float* kr = sK + jj * kSmemStride;
+      const float s = quad_dot(q, kr, lane4) * p.scale;
+      const float dp = quad_dot(d_o, sV + jj * kSmemStride, lane4);
+      float ds = 0.0f;
+      if (valid && j < p.Lk && lse != neg_inf()) {
+        ds = expf(s + bias_at(p, c.b, c.n, c.h, i, j) - lse) * (dp - dlt);
+      }
+      if (want_dq) {
+        for (int k = 0; k < kSlice; ++k) dq[k] += ds * kr[lane4 + 4 * k];
+      } else if (jj % 4 == lane4) {
+        acc[jj / 4] += ds;
+      }
+    }
+  }
+
+  if (want_dq) {
+    const int64_t i = out.qt * kRows + row;
+    if (i >= p.Lq) return;
+    float* dst = static_cast<float*>(p.dq) + out.b * p.dq_stride.b + out.n * p.dq_stride.n +
+                 out.h * p.dq_stride.h + i * p.dq_stride.l;
+    store_slice(dq, dst, p.dq_stride.d, p.D, lane4, p.scale);
+    return;
+  }
+  // Bias gradient: the block's 32 x 32 tile of summed dS, then rows and/or columns summed in a
+  // fixed order by one thread per output.
+  for (int e = 0; e < kRows / 4; ++e) sAcc[row * (kRows + 1) + 4 * e + lane4] = acc[e];
+  __syncthreads();
+  const BiasGradParams& gp = p.dbias[task.grad_slot];
+  const int64_t base = out.b * gp.stride.b + out.n * gp.stride.n + out.h * gp.stride.h;
+  const int out_rows = task.loop_q ? 1 : kRows, out_cols = task.loop_k ? 1 : kRows;
+  for (int e = threadIdx.x; e < out_rows * out_cols; e += kThreads) {
+    const int r = e / out_cols, cc = e % out_cols;
+    float v = 0.0f;
+    for (int rr = 0; rr < (task.loop_q ? kRows : 1); ++rr)
+      for (int c2 = 0; c2 < (task.loop_k ? kRows : 1); ++c2) v += sAcc[(r + rr) * (kRows + 1) + cc + c2];
+    const int64_t i = out.qt * kRows + r, j = out.kt * kRows + cc;
+    if (i < p.Lq && j < p.Lk) store_any(gp.ptr, gp.dtype, base + i * gp.stride.q + j * gp.stride.k, v);
+  }
+}
+
+}  // namespace evoattn::cuda::simt
