@@ -8,18 +8,15 @@
 
 #include "common/half.h"
 
-#ifdef EVOATTN_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace evoattn::util {
-namespace {
 
 #ifdef EVOATTN_WITH_CUDA
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 #endif
+
+namespace {
 
 // Calls fn(offset_in_elements) for every element of a view, in row-major order of its sizes.
 template <typename Fn>

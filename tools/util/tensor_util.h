@@ -10,7 +10,16 @@
 
 #include "evoattn/evoattn.h"
 
+#ifdef EVOATTN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace evoattn::util {
+
+#ifdef EVOATTN_WITH_CUDA
+// Throws std::runtime_error naming `what` when a CUDA runtime call failed.
+void check_cuda(cudaError_t e, const char* what);
+#endif
 
 size_t dtype_size(evoattn_dtype_t dtype);
 const char* dtype_name(evoattn_dtype_t dtype);
