@@ -1,0 +1,112 @@
+// One attention problem for the numeric tests: its description (Case), its inputs, a run of
+// the library on a backend, and the check against the float64 reference with SPEC's rule.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "evoattn/evoattn.h"
+#include "reference/reference.h"
+#include "tensor_util.h"
+
+namespace evoattn::test {
+
+enum class Backend { kCpu, kCuda };
+
+inline constexpr const char* kNoCudaMessage =
+    "no CUDA device / CUDA backend not built: GPU tests skipped";
+
+// True when `backend` cannot run here; the test then calls GTEST_SKIP() << kNoCudaMessage.
+bool backend_missing(Backend backend);
+
+// How a view is laid out in memory. For [B, N, L, H, D] tensors:
+enum class Layout {
+  kContiguous,  // row-major in the logical order
+  kHeadMajor,   // dims 2 and 3 swapped in memory: [B, N, H, L, D] (lse: [B, N, Lq, H])
+  kPadded,      // row-major, each stride 3 elements more than needed, base 1 element past 16 B
+  kStridedD,    // row-major with an innermost stride of 2
+  kReversed,    // row-major, dim 2 walked backwards (negative stride); inputs only
+};
+
+// Rows whose every key is masked out (SPEC "Fully masked rows").
+enum class MaskedRows {
+  kNone,
+  kMinusInf,  // mask all false at (b, n) = (0, 0); mask_bias -inf on every key at (B-1, N-1)
+  kMinus1e9,  // mask_bias -1e9 on every key at (0, 0) and (B-1, N-1); reference scores in float32
+};
+
+struct Case {
+  Backend backend = Backend::kCpu;
+  int64_t B = 1, N = 1, H = 1, Lq = 1, Lk = 1, D = 8;
+  evoattn_dtype_t dtype = EVOATTN_FLOAT32;
+  // Bias shapes over [B, N, H, Lq, Lk], one character per dimension: its letter (b n h q k)
+  // = full size, '1' = size 1, '0' = full size with stride 0 (an expanded view); "" = absent.
+  // The Evoformer forms are "bn11k" (mask_bias) and "b1hqk" (pair_bias).
+  std::string mask_bias, pair_bias;
+  bool bias_f32 = false;  // biases in float32 rather than the input dtype
+  bool grad_mask_bias = false, grad_pair_bias = false;
+  std::string mask;  // boolean mask: "" = none, 3-D "bnk" ("1nk", "b1k": broadcast), or 5-D
+  MaskedRows masked_rows = MaskedRows::kNone;
+  Layout layout = Layout::kContiguous;      // q, k, v, d_o and the biases
+  Layout out_layout = Layout::kContiguous;  // o, lse and every gradient
+  double scale = 0.0;                       // 0 = the default 1/sqrt(D)
+  bool nan_inputs = false;                  // a NaN in k, v and the pair bias (see plant_nans)
+  uint64_t seed = 0;
+
+  Case& biases(std::string mb, std::string pb);
+  Case& grads(bool mb, bool pb);
+  Case& with_mask(std::string pattern);
+  Case& layouts(Layout in, Layout out);
+
+  std::string name() const;  // unique within a suite (it holds the seed), a valid gtest name
+};
+
+Case shape(int64_t B, int64_t N, int64_t H, int64_t Lq, int64_t Lk, int64_t D,
+           evoattn_dtype_t dtype);
+
+// Every case once per backend, with seeds seed_base, seed_base + 1, ...
+std::vector<Case> on_backends(const std::vector<Case>& cases, uint64_t seed_base);
+
+// gtest parameter names and printing.
+std::string case_name(const ::testing::TestParamInfo<Case>& info);
+void PrintTo(const Case& c, std::ostream* os);
+
+evoattn_options_t case_options(const Case& c);
+
+// Host inputs, filled from the case's seed; absent tensors have view.data == nullptr.
+struct Inputs {
+  util::Tensor q, k, v, d_o, mask_bias, pair_bias, mask;
+  double scale;
+  ref::Inputs ref() const;
+};
+Inputs make_inputs(const Case& c);
+
+// Library results copied back to the host (whole buffers, so padding can be inspected).
+struct ForwardRun {
+  evoattn_status_t status;
+  std::string error;
+  util::Tensor o, lse;
+};
+struct BackwardRun {
+  evoattn_status_t status;
+  std::string error;
+  util::Tensor dq, dk, dv, d_mask_bias, d_pair_bias;
+};
+ForwardRun run_forward(const Case& c, const Inputs& in, const evoattn_options_t* options);
+BackwardRun run_backward(const Case& c, const Inputs& in, const ForwardRun& fwd,
+                         const evoattn_options_t* options);
+
+// SPEC's numerics rule for every output, plus: every element written (outputs were poisoned
+// with NaN), NaN exactly where the reference has NaN, nothing written outside the view, and
+// fully masked rows exactly O = 0, LSE = -inf.
+void expect_forward_matches(const Case& c, const Inputs& in, const ForwardRun& run);
+void expect_backward_matches(const Case& c, const Inputs& in, const BackwardRun& run);
+
+// Byte equality of two host tensors' whole buffers.
+bool same_bytes(const util::Tensor& a, const util::Tensor& b);
+
+}  // namespace evoattn::test

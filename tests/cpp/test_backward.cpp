@@ -1,0 +1,49 @@
+// Backward against the float64 reference gradients over the size grid (every L and D value
+// for each dtype), with both bias gradients, one, or none requested. With Lk = 1, dS is
+// identically 0: dq, dk and the bias gradients are then checked to vanish (attention_case.cpp).
+#include <gtest/gtest.h>
+
+#include "attention_case.h"
+
+namespace evoattn::test {
+namespace {
+
+std::vector<Case> grid() {
+  std::vector<Case> cases;
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    cases.push_back(shape(2, 3, 2, 1, 17, 32, dt));
+    cases.push_back(shape(2, 3, 2, 17, 1, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(2, 2, 3, 2, 2, 1, dt).biases("bn11k", "").grads(true, false));
+    cases.push_back(shape(3, 2, 2, 17, 17, 8, dt).biases("", "b1hqk").grads(false, true));
+    cases.push_back(shape(2, 1, 2, 97, 97, 16, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(2, 1, 1, 257, 257, 24, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(2, 2, 1, 17, 97, 40, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(2, 1, 3, 97, 17, 64, dt).biases("bn11k", "b1hqk").grads(false, true));
+    cases.push_back(shape(2, 1, 1, 2, 257, 96, dt).biases("bn11k", "b1hqk").grads(true, false));
+    cases.push_back(shape(2, 2, 2, 17, 17, 128, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(2, 1, 1, 257, 2, 128, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(2, 1, 1, 257, 257, 128, dt).biases("bn11k", "b1hqk").grads(true, true));
+  }
+  Case scaled =
+      shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk").grads(true, true);
+  scaled.scale = 0.37;
+  cases.push_back(scaled);
+  return cases;
+}
+
+class Backward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Backward, MatchesReference) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  const ForwardRun fwd = run_forward(c, in, &options);
+  ASSERT_EQ(fwd.status, EVOATTN_SUCCESS) << fwd.error;
+  expect_backward_matches(c, in, run_backward(c, in, fwd, &options));
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Backward, ::testing::ValuesIn(on_backends(grid(), 200)), case_name);
+
+}  // namespace
+}  // namespace evoattn::test

@@ -1,0 +1,91 @@
+// Every bias combination, forward and backward with the bias gradients: the Evoformer forms,
+// the boolean mask (3-D and 5-D, alone and with biases), other broadcasts in either slot,
+// float32 biases with 16-bit inputs, and fully masked rows (SPEC "Fully masked rows").
+#include <gtest/gtest.h>
+
+#include "attention_case.h"
+
+namespace evoattn::test {
+namespace {
+
+Case small(evoattn_dtype_t dtype) { return shape(2, 3, 2, 17, 19, 24, dtype); }
+
+std::vector<Case> bias_cases() {
+  std::vector<Case> cases;
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    cases.push_back(small(dt));
+    cases.push_back(small(dt).biases("bn11k", "").grads(true, false));
+    cases.push_back(small(dt).biases("", "b1hqk").grads(false, true));
+    cases.push_back(small(dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(small(dt).with_mask("bnk"));
+    cases.push_back(small(dt).biases("", "b1hqk").grads(false, true).with_mask("bnk"));
+    cases.push_back(small(dt).biases("bn11k", "b1hqk").grads(true, true).with_mask("bnk"));
+    cases.push_back(small(dt).biases("bn11k", "b1hqk").grads(true, true).with_mask("b1hqk"));
+  }
+  // Non-Evoformer broadcasts, in either slot, with gradients (summed over broadcast dims).
+  const char* const patterns[][2] = {
+      {"111qk", "bnhqk"}, {"b111k", "1nhq1"}, {"bnh11", "111qk"}, {"bnhqk", "b111k"},
+      {"1nhq1", "bnh11"}, {"bn00k", "b0hqk"},  // '0': expanded views with stride 0
+      {"11111", "1n1q1"},
+  };
+  for (const auto& p : patterns) {
+    for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_BFLOAT16}) {
+      cases.push_back(small(dt).biases(p[0], p[1]).grads(true, true));
+    }
+  }
+  // 3-D masks broadcast over B or N; 5-D masks of other shapes.
+  cases.push_back(
+      small(EVOATTN_FLOAT32).biases("bn11k", "b1hqk").grads(true, true).with_mask("1nk"));
+  cases.push_back(small(EVOATTN_FLOAT16).biases("", "b1hqk").grads(false, true).with_mask("b1k"));
+  cases.push_back(small(EVOATTN_FLOAT32).with_mask("bnhqk"));
+  cases.push_back(
+      small(EVOATTN_BFLOAT16).biases("bn11k", "").grads(true, false).with_mask("11hq1"));
+  // float32 biases (and float32 bias gradients) with 16-bit inputs.
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    Case c = small(dt).biases("bn11k", "b1hqk").grads(true, true).with_mask("bnk");
+    c.bias_f32 = true;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// Rows with every key masked: by a false mask and by a -inf mask_bias (O = 0, LSE = -inf,
+// no gradient contribution), and by a -1e9 mask_bias (uniform rows, float32 score reference).
+std::vector<Case> masked_row_cases() {
+  std::vector<Case> cases;
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    Case inf = small(dt).biases("bn11k", "b1hqk").grads(true, true).with_mask("bnk");
+    inf.masked_rows = MaskedRows::kMinusInf;
+    cases.push_back(inf);
+    Case big = small(dt).biases("bn11k", "b1hqk").grads(true, true);
+    big.masked_rows = MaskedRows::kMinus1e9;
+    big.bias_f32 = dt == EVOATTN_FLOAT16;  // -1e9 is -inf in float16
+    cases.push_back(big);
+  }
+  Case tiny = shape(2, 1, 3, 1, 2, 8, EVOATTN_FLOAT32).biases("bn11k", "").grads(true, false);
+  tiny.mask = "bnk";
+  tiny.masked_rows = MaskedRows::kMinusInf;
+  cases.push_back(tiny);
+  return cases;
+}
+
+class BiasesAndMasks : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BiasesAndMasks, ForwardAndBackwardMatchReference) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  const ForwardRun fwd = run_forward(c, in, &options);
+  expect_forward_matches(c, in, fwd);
+  ASSERT_EQ(fwd.status, EVOATTN_SUCCESS);
+  expect_backward_matches(c, in, run_backward(c, in, fwd, &options));
+}
+
+INSTANTIATE_TEST_SUITE_P(Biases, BiasesAndMasks,
+                         ::testing::ValuesIn(on_backends(bias_cases(), 300)), case_name);
+INSTANTIATE_TEST_SUITE_P(MaskedRows, BiasesAndMasks,
+                         ::testing::ValuesIn(on_backends(masked_row_cases(), 400)), case_name);
+
+}  // namespace
+}  // namespace evoattn::test

@@ -1,0 +1,83 @@
+// Bitwise determinism (SPEC "Backward"): the same inputs give the same bytes in every output
+// and gradient, run after run, and on the CPU whatever the number of threads. Whole buffers are
+// compared, padding included.
+#include <gtest/gtest.h>
+
+#include "attention_case.h"
+
+namespace evoattn::test {
+namespace {
+
+std::vector<Case> determinism_cases() {
+  std::vector<Case> cases;
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    cases.push_back(
+        shape(2, 3, 2, 97, 70, 32, dt).biases("bn11k", "b1hqk").grads(true, true).with_mask("bnk"));
+  }
+  cases.push_back(shape(3, 2, 2, 40, 130, 24, EVOATTN_FLOAT32)
+                      .biases("1nhq1", "bnhqk")
+                      .grads(true, true)
+                      .layouts(Layout::kHeadMajor, Layout::kPadded));
+  return cases;
+}
+
+struct Outputs {
+  ForwardRun fwd;
+  BackwardRun bwd;
+};
+
+Outputs run_both(const Case& c, const Inputs& in, const evoattn_options_t* options) {
+  Outputs out{run_forward(c, in, options), {}};
+  EXPECT_EQ(out.fwd.status, EVOATTN_SUCCESS) << out.fwd.error;
+  out.bwd = run_backward(c, in, out.fwd, options);
+  EXPECT_EQ(out.bwd.status, EVOATTN_SUCCESS) << out.bwd.error;
+  return out;
+}
+
+void expect_same_bytes(const Outputs& a, const Outputs& b, const std::string& what) {
+  EXPECT_TRUE(same_bytes(a.fwd.o, b.fwd.o)) << "o differs: " << what;
+  EXPECT_TRUE(same_bytes(a.fwd.lse, b.fwd.lse)) << "lse differs: " << what;
+  EXPECT_TRUE(same_bytes(a.bwd.dq, b.bwd.dq)) << "dq differs: " << what;
+  EXPECT_TRUE(same_bytes(a.bwd.dk, b.bwd.dk)) << "dk differs: " << what;
+  EXPECT_TRUE(same_bytes(a.bwd.dv, b.bwd.dv)) << "dv differs: " << what;
+  EXPECT_TRUE(same_bytes(a.bwd.d_mask_bias, b.bwd.d_mask_bias)) << "d_mask_bias differs: " << what;
+  EXPECT_TRUE(same_bytes(a.bwd.d_pair_bias, b.bwd.d_pair_bias)) << "d_pair_bias differs: " << what;
+}
+
+class Determinism : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Determinism, RepeatedRunsGiveIdenticalBytes) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  const Outputs first = run_both(c, in, &options);
+  expect_same_bytes(first, run_both(c, in, &options), "second run");
+}
+
+TEST_P(Determinism, ThreadCountDoesNotChangeBytes) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  const Inputs in = make_inputs(c);
+  evoattn_options_t options = case_options(c);
+  const Outputs all_threads = run_both(c, in, &options);
+  for (int threads : {1, 2, 3}) {
+    options.num_threads = threads;
+    expect_same_bytes(all_threads, run_both(c, in, &options),
+                      "num_threads " + std::to_string(threads) + " vs 0");
+  }
+}
+
+TEST_P(Determinism, NullOptionsAreTheDefaults) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t defaults = case_options(c);
+  expect_same_bytes(run_both(c, in, &defaults), run_both(c, in, nullptr), "options NULL");
+}
+
+INSTANTIATE_TEST_SUITE_P(Runs, Determinism,
+                         ::testing::ValuesIn(on_backends(determinism_cases(), 600)), case_name);
+
+}  // namespace
+}  // namespace evoattn::test

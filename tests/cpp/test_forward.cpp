@@ -1,0 +1,46 @@
+// Forward against the float64 reference over the size grid: every L in {1, 2, 17, 97, 257} and
+// every D in {1, 8, 16, 24, 32, 40, 64, 96, 128}, for each dtype, with B > 1 and N, H both 1 and
+// > 1. The big L = 257 / D = 128 shapes keep B*N*H small: the reference is O(B N H Lq Lk D).
+#include <gtest/gtest.h>
+
+#include "attention_case.h"
+
+namespace evoattn::test {
+namespace {
+
+std::vector<Case> grid() {
+  std::vector<Case> cases;
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    cases.push_back(shape(2, 3, 2, 1, 1, 32, dt));
+    cases.push_back(shape(2, 2, 3, 2, 2, 1, dt).biases("bn11k", ""));
+    cases.push_back(shape(3, 2, 2, 17, 17, 8, dt).biases("", "b1hqk"));
+    cases.push_back(shape(2, 1, 2, 97, 97, 16, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(2, 1, 1, 257, 257, 24, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(2, 2, 1, 17, 97, 40, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(2, 1, 3, 97, 17, 64, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(2, 1, 1, 2, 257, 96, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(2, 2, 2, 17, 17, 128, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(2, 1, 1, 257, 1, 128, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(2, 1, 1, 257, 257, 128, dt).biases("bn11k", "b1hqk"));
+  }
+  // A caller-given scale.
+  Case scaled = shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk");
+  scaled.scale = 0.37;
+  cases.push_back(scaled);
+  return cases;
+}
+
+class Forward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Forward, MatchesReference) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  expect_forward_matches(c, in, run_forward(c, in, &options));
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Forward, ::testing::ValuesIn(on_backends(grid(), 100)), case_name);
+
+}  // namespace
+}  // namespace evoattn::test

@@ -1,0 +1,55 @@
+// Strided views: head-major [B, N, H, L, D] memory passed through strides, padded rows, a
+// non-unit D stride, negative strides, and outputs and gradients in non-contiguous layouts.
+// Input padding holds NaN, so a read outside a view shows up in the results.
+#include <gtest/gtest.h>
+
+#include "attention_case.h"
+
+namespace evoattn::test {
+namespace {
+
+std::vector<Case> layout_cases() {
+  const Layout in_layouts[] = {Layout::kHeadMajor, Layout::kPadded, Layout::kStridedD,
+                               Layout::kReversed};
+  const Layout out_layouts[] = {Layout::kHeadMajor, Layout::kPadded, Layout::kStridedD};
+  std::vector<Case> cases;
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    const Case base =
+        shape(2, 2, 3, 17, 13, 40, dt).biases("bn11k", "b1hqk").grads(true, true).with_mask("bnk");
+    for (Layout in : in_layouts) cases.push_back(Case(base).layouts(in, Layout::kContiguous));
+    for (Layout out : out_layouts) cases.push_back(Case(base).layouts(Layout::kContiguous, out));
+  }
+  cases.push_back(shape(2, 3, 2, 33, 33, 32, EVOATTN_FLOAT16)
+                      .biases("bn11k", "b1hqk")
+                      .grads(true, true)
+                      .layouts(Layout::kHeadMajor, Layout::kHeadMajor));
+  cases.push_back(shape(2, 1, 2, 1, 65, 8, EVOATTN_BFLOAT16)
+                      .biases("", "b1hqk")
+                      .grads(false, true)
+                      .layouts(Layout::kPadded, Layout::kPadded));
+  cases.push_back(shape(2, 2, 2, 9, 40, 128, EVOATTN_FLOAT32)
+                      .biases("bn11k", "")
+                      .grads(true, false)
+                      .with_mask("bnk")
+                      .layouts(Layout::kStridedD, Layout::kHeadMajor));
+  return cases;
+}
+
+class Layouts : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Layouts, ForwardAndBackwardMatchReference) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  const ForwardRun fwd = run_forward(c, in, &options);
+  expect_forward_matches(c, in, fwd);
+  ASSERT_EQ(fwd.status, EVOATTN_SUCCESS);
+  expect_backward_matches(c, in, run_backward(c, in, fwd, &options));
+}
+
+INSTANTIATE_TEST_SUITE_P(Views, Layouts, ::testing::ValuesIn(on_backends(layout_cases(), 500)),
+                         case_name);
+
+}  // namespace
+}  // namespace evoattn::test
