@@ -9,10 +9,12 @@
 
 namespace evoattn {
 
-// Backward workspace, identical on both backends: Delta = rowsum(dO * O), float32 [B, N, H, Lq].
-inline size_t backward_workspace_bytes(const FwdParams& p) {
+// Backward workspace. Both backends start it with Delta = rowsum(dO * O), float32
+// [B, N, H, Lq]; the CUDA backend may add partial sums of bias gradients after it.
+inline size_t delta_workspace_bytes(const FwdParams& p) {
   return static_cast<size_t>(p.B * p.N * p.H * p.Lq) * sizeof(float);
 }
+size_t cuda_backward_workspace_bytes(const BwdParams& p);
 
 evoattn_status_t cpu_forward(const FwdParams& p);
 evoattn_status_t cpu_backward(const BwdParams& p);

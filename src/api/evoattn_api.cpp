@@ -87,7 +87,9 @@ evoattn_status_t evoattn_backward_workspace_size(
     args.d_bias[1] = d_pair_bias;
     Problem problem;
     EVOATTN_RETURN_IF_ERROR(validate_backward(fn, args, opt, /*need_data=*/false, &problem));
-    *bytes = backward_workspace_bytes(make_fwd_params(args.fwd, problem, opt));
+    const BwdParams params = make_bwd_params(args, problem, opt, nullptr, 0);
+    *bytes = problem.device == EVOATTN_DEVICE_CPU ? delta_workspace_bytes(params)
+                                                  : cuda_backward_workspace_bytes(params);
     return EVOATTN_SUCCESS;
   });
 }
@@ -116,9 +118,13 @@ evoattn_status_t evoattn_backward(
     Problem problem;
     EVOATTN_RETURN_IF_ERROR(validate_backward(fn, args, opt, /*need_data=*/true, &problem));
     const BwdParams params = make_bwd_params(args, problem, opt, workspace, workspace_bytes);
+    if (problem.device == EVOATTN_DEVICE_CPU) {
+      EVOATTN_RETURN_IF_ERROR(
+          validate_workspace(fn, workspace, workspace_bytes, delta_workspace_bytes(params)));
+      return cpu_backward(params);
+    }
     EVOATTN_RETURN_IF_ERROR(
-        validate_workspace(fn, workspace, workspace_bytes, backward_workspace_bytes(params)));
-    if (problem.device == EVOATTN_DEVICE_CPU) return cpu_backward(params);
+        validate_workspace(fn, workspace, workspace_bytes, cuda_backward_workspace_bytes(params)));
     if (!cuda_backend_available()) return unavailable(fn);
     return cuda_backward(params, stream);
   });

@@ -30,13 +30,15 @@ struct BwdKeyTraits {
   static constexpr int kSeqElems = kBlockN * kRowStride;  // one K, V, Q or dO tile
   static constexpr size_t kSmemBytes =
       (2 + 4) * kSeqElems * sizeof(Element) +
-      (kBlockM * kTileStride + kBlockN + 4 * kBlockM) * sizeof(float);
+      (kBlockM * kTileStride + kBlockN + 2 * kBlockM) * sizeof(float);
+  // Four blocks per SM for head dim <= 32 (registers capped at 128).
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 4 : kHeadDim <= 64 ? 2 : 1;
   static_assert(kBlockM == kBlockN, "one tile shape for K, V, Q and dO");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBlocksPerSm)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
   using T = BwdKeyTraits<Element, kHeadDim>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
@@ -52,8 +54,8 @@ __global__ void __launch_bounds__(128)
   Element* sdO = sQ + 2 * T::kSeqElems;  // [2 stages]
   float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
   float* sKey = sTile + kBlockM * kTileStride;
-  float* sLse = sKey + kBlockN;     // [2 stages][kBlockM], LSE * log2(e); +inf for masked rows
-  float* sDelta = sLse + 2 * kBlockM;  // [2 stages][kBlockM]
+  float* sLse = sKey + kBlockN;   // [kBlockM], LSE * log2(e); +inf for masked rows
+  float* sDelta = sLse + kBlockM;  // [kBlockM]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
@@ -76,21 +78,25 @@ __global__ void __launch_bounds__(128)
                                                     j0, p.Lk, p.D, plan.vec_k, tid);
   load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h),
                                                     j0, p.Lk, p.D, plan.vec_v, tid);
-  if (tid < kBlockN) sKey[tid] = key_bias_log2(p, plan.key_slots, b, n, h, 0, j0 + tid);
+  if (tid < kBlockN) {  // the block's keys are fixed: their key biases load once
+    KeyBiasPrefetch key_bias;
+    key_bias.load(p, plan.key_slots, b, n, h, j0 + tid);
+    sKey[tid] = key_bias.value_log2(p, plan.key_slots);
+  }
 
-  // Q, dO, LSE and Delta of query tile `qt` into stage `s`.
+  // Q and dO of query tile `qt` into stage `s` (cp.async); its LSE and Delta into registers of
+  // threads 0..63, stored at the top of the iteration that uses them.
+  float next_lse = 0.0f, next_delta = 0.0f;
+  using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
+  const QCopy q_copy{q_src}, do_copy{do_src};
   auto load_query_tile = [&](int qt, int s) {
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
-    load_rows_to_smem<Element, kBlockM, kHeadDim, 128>(sQ + s * T::kSeqElems, q_src, i0, p.Lq, p.D,
-                                                      plan.vec_q, tid);
-    load_rows_to_smem<Element, kBlockM, kHeadDim, 128>(sdO + s * T::kSeqElems, do_src, i0, p.Lq,
-                                                      p.D, plan.vec_do, tid);
+    q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_q, tid);
+    do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_do, tid);
     if (tid < kBlockM) {
       const int64_t i = i0 + tid;
-      float lse = i < p.Lq ? p.lse[lse_base + i * p.lse_stride_q] : neg_inf();
-      // A fully masked row (LSE = -inf) must give P = 0: exponentiate against +inf instead.
-      sLse[s * kBlockM + tid] = lse == neg_inf() ? -neg_inf() : lse * kLog2e;
-      sDelta[s * kBlockM + tid] = i < p.Lq ? delta[i] : 0.0f;
+      next_lse = i < p.Lq ? p.lse[lse_base + i * p.lse_stride_q] : neg_inf();
+      next_delta = i < p.Lq ? delta[i] : 0.0f;
     }
   };
   load_query_tile(0, 0);
@@ -109,6 +115,11 @@ __global__ void __launch_bounds__(128)
       prefetch.store(sTile, kTileStride, fill, p.bias[plan.tile_fast_slot].dtype);
     } else if (has_tile) {
       fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
+    }
+    if (tid < kBlockM) {
+      // A fully masked row (LSE = -inf) must give P = 0: exponentiate against +inf instead.
+      sLse[tid] = next_lse == neg_inf() ? -neg_inf() : next_lse * kLog2e;
+      sDelta[tid] = next_delta;
     }
     if (qt + 1 < plan.q_tiles) {
       load_query_tile(qt + 1, stage ^ 1);
@@ -146,8 +157,8 @@ __global__ void __launch_bounds__(128)
 
     // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
     const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
-    const float* lse = sLse + stage * kBlockM;
-    const float* dlt = sDelta + stage * kBlockM;
+    const float* lse = sLse;
+    const float* dlt = sDelta;
     for (int nt = 0; nt < kQTiles; ++nt) {
       for (int e = 0; e < 4; ++e) {
         const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);

@@ -27,6 +27,8 @@ struct BwdRowTraits {
   static constexpr int kSeqElems = kBlockM * kRowStride;
   static constexpr size_t kSmemBytes = 8 * kSeqElems * sizeof(Element) +
                                        (kBlockM * kTileStride + kBlockN + 4 * kBlockN) * sizeof(float);
+  // Three blocks per SM for head dim <= 32 (registers capped at 168).
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 3 : kHeadDim <= 64 ? 2 : 1;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
@@ -34,6 +36,7 @@ struct TileCoord {
   int64_t b, n, h, qt, kt;
 };
 
+// Coordinates of iteration `it` of grid block `block` (divisions: once per block).
 __device__ __forceinline__ TileCoord rows_coord(const RowsTask& task, const BwdParams& p,
                                                 const LaunchPlan& plan, int64_t block, int64_t it) {
   auto take = [&](bool looped, int64_t extent) {
@@ -51,8 +54,24 @@ __device__ __forceinline__ TileCoord rows_coord(const RowsTask& task, const BwdP
   return c;
 }
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(128)
+// The next iteration's coordinates: an odometer over the looped dimensions, k-tile fastest.
+__device__ __forceinline__ TileCoord rows_next(const RowsTask& task, const BwdParams& p,
+                                               const LaunchPlan& plan, TileCoord c) {
+  if (task.loop_k && ++c.kt < plan.k_tiles) return c;
+  if (task.loop_k) c.kt = 0;
+  if (task.loop_q && ++c.qt < plan.q_tiles) return c;
+  if (task.loop_q) c.qt = 0;
+  if (task.loop_h && ++c.h < p.H) return c;
+  if (task.loop_h) c.h = 0;
+  if (task.loop_n && ++c.n < p.N) return c;
+  if (task.loop_n) c.n = 0;
+  if (task.loop_b) ++c.b;
+  return c;
+}
+
+// kDq: the dQ job (task.grad_slot < 0); otherwise the bias-gradient job.
+template <typename Element, int kHeadDim, bool kDq>
+__global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBlocksPerSm)
     bwd_rows_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
                     const __grid_constant__ RowsTask task) {
   using T = BwdRowTraits<Element, kHeadDim>;
@@ -71,37 +90,52 @@ __global__ void __launch_bounds__(128)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
-  const bool want_dq = task.grad_slot < 0;
   const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
   const BiasFill fill = bias_fill_slice(false, tid, tid);
-  const int64_t block = blockIdx.x;
+  // Grid: (tile block, chunk), chunk fastest; this block walks iterations [it_begin, it_end).
+  const int64_t block = blockIdx.x / task.chunks, chunk = blockIdx.x % task.chunks;
+  const int64_t it_begin = chunk * task.chunk_iters;
+  const int64_t it_end = it_begin + task.chunk_iters < task.iters ? it_begin + task.chunk_iters : task.iters;
 
+  using Copy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
+  static_assert(kBlockM == kBlockN, "one copy shape for Q, dO, K and V tiles");
   auto load_q = [&](const TileCoord& c, int s) {
-    const int64_t i0 = c.qt * kBlockM;
-    load_rows_to_smem<Element, kBlockM, kHeadDim, 128>(
-        sQ + s * T::kSeqElems, row_ptr<Element>(p.q, p.q_stride, c.b, c.n, c.h), i0, p.Lq, p.D,
-        plan.vec_q, tid);
-    load_rows_to_smem<Element, kBlockM, kHeadDim, 128>(
-        sdO + s * T::kSeqElems, row_ptr<Element>(p.d_o, p.do_stride, c.b, c.n, c.h), i0, p.Lq,
-        p.D, plan.vec_do, tid);
+    Copy{row_ptr<Element>(p.q, p.q_stride, c.b, c.n, c.h)}.copy(
+        sQ + s * T::kSeqElems, c.qt * kBlockM, p.Lq, p.D, plan.vec_q, tid);
+    Copy{row_ptr<Element>(p.d_o, p.do_stride, c.b, c.n, c.h)}.copy(
+        sdO + s * T::kSeqElems, c.qt * kBlockM, p.Lq, p.D, plan.vec_do, tid);
   };
   auto load_kv = [&](const TileCoord& c, int s) {
-    const int64_t j0 = c.kt * kBlockN;
-    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(
-        sK + s * T::kSeqElems, row_ptr<Element>(p.k, p.k_stride, c.b, c.n, c.h), j0, p.Lk, p.D,
-        plan.vec_k, tid);
-    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(
-        sV + s * T::kSeqElems, row_ptr<Element>(p.v, p.v_stride, c.b, c.n, c.h), j0, p.Lk, p.D,
-        plan.vec_v, tid);
+    Copy{row_ptr<Element>(p.k, p.k_stride, c.b, c.n, c.h)}.copy(
+        sK + s * T::kSeqElems, c.kt * kBlockN, p.Lk, p.D, plan.vec_k, tid);
+    Copy{row_ptr<Element>(p.v, p.v_stride, c.b, c.n, c.h)}.copy(
+        sV + s * T::kSeqElems, c.kt * kBlockN, p.Lk, p.D, plan.vec_v, tid);
   };
 
-  TileCoord cur = rows_coord(task, p, plan, block, 0);
-  const TileCoord out = cur;  // the looped coordinates are 0 here, where the gradient has stride 0
+  TileCoord cur = rows_coord(task, p, plan, block, it_begin);
+  // The output tile: looped coordinates at 0, where the gradient has stride 0 anyway.
+  const TileCoord out = rows_coord(task, p, plan, block, 0);
   load_q(cur, 0);
   load_kv(cur, 0);
   cp_async_commit();
   BiasTilePrefetch prefetch;
   if (fast_tile) prefetch.load(p, plan, fill, cur.b, cur.n, cur.h, cur.qt * kBlockM, cur.kt * kBlockN);
+  KeyBiasPrefetch key_bias;
+  const bool key_filler = tid < kBlockN;
+  if (key_filler) key_bias.load(p, plan.key_slots, cur.b, cur.n, cur.h, cur.kt * kBlockN + tid);
+  // LSE and Delta of this thread's two rows (g, g + 8), fetched with their Q tile.
+  float next_lse[2], next_dlt[2];
+  auto load_row_stats = [&](const TileCoord& c) {
+    const int64_t lse_base = c.b * p.lse_stride_b + c.n * p.lse_stride_n + c.h * p.lse_stride_h;
+    const float* delta =
+        static_cast<const float*>(p.workspace) + ((c.b * p.N + c.n) * p.H + c.h) * p.Lq;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = c.qt * kBlockM + warp_row + g + 8 * r;
+      next_lse[r] = i < p.Lq ? p.lse[lse_base + i * p.lse_stride_q] : neg_inf();
+      next_dlt[r] = i < p.Lq ? delta[i] : 0.0f;
+    }
+  };
+  load_row_stats(cur);
 
   int q_stage = 0, kv_stage = 0;
   bool fresh_q = true;
@@ -113,18 +147,18 @@ __global__ void __launch_bounds__(128)
   for (int nt = 0; nt < kNTiles; ++nt)
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 
-  for (int64_t it = 0; it < task.iters; ++it) {
+  for (int64_t it = it_begin; it < it_end; ++it) {
     const int64_t i0 = cur.qt * kBlockM, j0 = cur.kt * kBlockN;
     if (fast_tile) {
       prefetch.store(sTile, kTileStride, fill, p.bias[plan.tile_fast_slot].dtype);
     } else if (has_tile) {
       fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, i0, j0);
     }
-    if (tid < kBlockN) sKey[tid] = key_bias_log2(p, plan.key_slots, cur.b, cur.n, cur.h, 0, j0 + tid);
+    if (key_filler) sKey[tid] = key_bias.value_log2(p, plan.key_slots);
     TileCoord next = cur;
     bool next_q = false, next_kv = false;
-    if (it + 1 < task.iters) {
-      next = rows_coord(task, p, plan, block, it + 1);
+    if (it + 1 < it_end) {
+      next = rows_next(task, p, plan, cur);
       const bool same_bnh = next.b == cur.b && next.n == cur.n && next.h == cur.h;
       next_q = !(same_bnh && next.qt == cur.qt);
       next_kv = !(same_bnh && next.kt == cur.kt);
@@ -134,6 +168,7 @@ __global__ void __launch_bounds__(128)
       if (fast_tile) {
         prefetch.load(p, plan, fill, next.b, next.n, next.h, next.qt * kBlockM, next.kt * kBlockN);
       }
+      if (key_filler) key_bias.load(p, plan.key_slots, next.b, next.n, next.h, next.kt * kBlockN + tid);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -148,16 +183,12 @@ __global__ void __launch_bounds__(128)
         ldmatrix_x4(q_frag[kk], Qs + off);
         ldmatrix_x4(do_frag[kk], dOs + off);
       }
-      const int64_t lse_base = cur.b * p.lse_stride_b + cur.n * p.lse_stride_n + cur.h * p.lse_stride_h;
-      const float* delta =
-          static_cast<const float*>(p.workspace) + ((cur.b * p.N + cur.n) * p.H + cur.h) * p.Lq;
       for (int r = 0; r < 2; ++r) {
-        const int64_t i = i0 + warp_row + g + 8 * r;
-        const float l = i < p.Lq ? p.lse[lse_base + i * p.lse_stride_q] : neg_inf();
-        lse[r] = l == neg_inf() ? -neg_inf() : l * kLog2e;  // masked rows: P = 2^-inf = 0
-        dlt[r] = i < p.Lq ? delta[i] : 0.0f;
+        lse[r] = next_lse[r] == neg_inf() ? -neg_inf() : next_lse[r] * kLog2e;  // masked: P = 0
+        dlt[r] = next_dlt[r];
       }
     }
+    if (next_q) load_row_stats(next);  // consumed above, so next_* can take the next tile's
 
     // S = Q K^T and dP = dO V^T.
     const Element* Ks = sK + kv_stage * T::kSeqElems;
@@ -189,7 +220,7 @@ __global__ void __launch_bounds__(128)
       }
     }
 
-    if (want_dq) {
+    if (kDq) {
       // dQ += dS K: dS from the accumulators as the A operand, K read transposed.
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         const uint32_t a[4] = {pack2<Element>(dp[2 * kk][0], dp[2 * kk][1]),
@@ -215,7 +246,7 @@ __global__ void __launch_bounds__(128)
     cur = next;
   }
 
-  if (want_dq) {
+  if (kDq) {
     const float scale[2] = {p.scale, p.scale};
     Element* dq = static_cast<Element*>(p.dq) + out.b * p.dq_stride.b + out.n * p.dq_stride.n +
                   out.h * p.dq_stride.h;
@@ -226,11 +257,21 @@ __global__ void __launch_bounds__(128)
   }
 
   // Bias gradient: sum the accumulator over keys (within quads and tiles) and/or over query
-  // rows (within the warp, then across warps in a fixed order), then store.
+  // rows (within the warp, then across warps in a fixed order), then store element (r, c) of
+  // the block's output tile: to the gradient, or to this chunk's partial tile.
   const BiasGradParams& gp = p.dbias[task.grad_slot];
   const bool sum_k = task.loop_k, sum_q = task.loop_q;
   const int64_t base = out.b * gp.stride.b + out.n * gp.stride.n + out.h * gp.stride.h;
   const int64_t i0 = out.qt * kBlockM, j0 = out.kt * kBlockN;
+  float* partial = task.partials ? task.partials + (chunk * task.blocks + block) * kTile * kTile : nullptr;
+  auto store = [&](int r, int c, float v) {
+    if (i0 + r >= p.Lq || j0 + c >= p.Lk) return;
+    if (partial) {
+      partial[r * kTile + c] = v;
+    } else {
+      store_any(gp.ptr, gp.dtype, base + (i0 + r) * gp.stride.q + (j0 + c) * gp.stride.k, v);
+    }
+  };
   if (sum_k) {
     for (int r = 0; r < 2; ++r) {
       float v = 0.0f;
@@ -241,8 +282,7 @@ __global__ void __launch_bounds__(128)
     }
     if (!sum_q) {
       for (int r = 0; r < 2; ++r) {
-        const int64_t i = i0 + warp_row + g + 8 * r;
-        if (t == 0 && i < p.Lq) store_any(gp.ptr, gp.dtype, base + i * gp.stride.q, acc[0][2 * r]);
+        if (t == 0) store(warp_row + g + 8 * r, 0, acc[0][2 * r]);
       }
       return;
     }
@@ -262,37 +302,54 @@ __global__ void __launch_bounds__(128)
       }
     }
     __syncthreads();
-    if (tid < kBlockN) {
-      const float v = sReduce[tid] + sReduce[kBlockN + tid] + sReduce[2 * kBlockN + tid] +
-                      sReduce[3 * kBlockN + tid];
-      const int64_t j = j0 + tid;
-      if (sum_k) {
-        if (tid == 0) store_any(gp.ptr, gp.dtype, base, v);
-      } else if (j < p.Lk) {
-        store_any(gp.ptr, gp.dtype, base + j * gp.stride.k, v);
-      }
+    if (tid < kBlockN && (!sum_k || tid == 0)) {
+      store(0, tid, sReduce[tid] + sReduce[kBlockN + tid] + sReduce[2 * kBlockN + tid] +
+                        sReduce[3 * kBlockN + tid]);
     }
     return;
   }
   for (int nt = 0; nt < kNTiles; ++nt) {
-    for (int e = 0; e < 4; ++e) {
-      const int64_t i = i0 + warp_row + g + 8 * (e / 2), j = j0 + nt * 8 + 2 * t + (e % 2);
-      if (i < p.Lq && j < p.Lk) {
-        store_any(gp.ptr, gp.dtype, base + i * gp.stride.q + j * gp.stride.k, acc[nt][e]);
-      }
-    }
+    for (int e = 0; e < 4; ++e) store(warp_row + g + 8 * (e / 2), nt * 8 + 2 * t + (e % 2), acc[nt][e]);
   }
+}
+
+// Sums the chunks' partial tiles in chunk order and writes the bias gradient. (static: every
+// instantiation file includes this header.)
+static __global__ void __launch_bounds__(256)
+    bias_grad_reduce_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
+                            const __grid_constant__ RowsTask task) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= task.blocks * kTile * kTile) return;
+  const int64_t block = e / (kTile * kTile);
+  const int r = static_cast<int>(e / kTile % kTile), c = static_cast<int>(e % kTile);
+  const TileCoord out = rows_coord(task, p, plan, block, 0);
+  const int64_t i = out.qt * kTile + r, j = out.kt * kTile + c;
+  if ((task.loop_q && r > 0) || (task.loop_k && c > 0) || i >= p.Lq || j >= p.Lk) return;
+  float v = 0.0f;
+  for (int64_t chunk = 0; chunk < task.chunks; ++chunk) {
+    v += task.partials[(chunk * task.blocks + block) * kTile * kTile + r * kTile + c];
+  }
+  const BiasGradParams& gp = p.dbias[task.grad_slot];
+  store_any(gp.ptr, gp.dtype,
+            out.b * gp.stride.b + out.n * gp.stride.n + out.h * gp.stride.h + i * gp.stride.q +
+                j * gp.stride.k,
+            v);
 }
 
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream) {
   using T = BwdRowTraits<Element, kHeadDim>;
-  auto kernel = bwd_rows_kernel<Element, kHeadDim>;
+  auto kernel = task.grad_slot < 0 ? bwd_rows_kernel<Element, kHeadDim, true>
+                                   : bwd_rows_kernel<Element, kHeadDim, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(task.blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan, task);
+  kernel<<<static_cast<unsigned>(task.blocks * task.chunks), T::kThreads, T::kSmemBytes, stream>>>(
+      p, plan, task);
+  if (task.partials == nullptr) return cudaGetLastError();
+  const int64_t elements = task.blocks * kTile * kTile;
+  bias_grad_reduce_kernel<<<static_cast<unsigned>((elements + 255) / 256), 256, 0, stream>>>(p, plan, task);
   return cudaGetLastError();
 }
 

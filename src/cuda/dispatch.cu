@@ -53,12 +53,39 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
   }
 }
 
+// Workspace layout (mma.sync path): [Delta][partials of d_mask_bias][partials of d_pair_bias],
+// each part 256-byte aligned.
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct WorkspaceLayout {
+  size_t partial_offset[kNumGradSlots];
+  size_t total;
+};
+
+WorkspaceLayout workspace_layout(const BwdParams& p) {
+  WorkspaceLayout w{};
+  size_t offset = align256(delta_workspace_bytes(p));
+  if (p.dtype != DType::kF32) {  // the SIMT path never chunks
+    const LaunchPlan plan = cuda::make_launch_plan(p, kTileM, kTileN);
+    for (int slot = 0; slot < kNumGradSlots; ++slot) {
+      w.partial_offset[slot] = offset;
+      if (p.dbias[slot].ptr != nullptr) offset += align256(cuda::rows_task_partial_bytes(p, plan, slot));
+    }
+  }
+  w.total = offset;
+  return w;
+}
+
 template <typename Element, int kHeadDim>
 cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim>(p, plan, stream)) return e;
+  const WorkspaceLayout layout = workspace_layout(p);
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;
-    const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot);
+    float* partials = slot < 0 ? nullptr
+                               : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
+                                                          layout.partial_offset[slot]);
+    const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, partials);
     if (cudaError_t e = cuda::run_bwd_rows<Element, kHeadDim>(p, plan, task, stream)) return e;
   }
   return cudaSuccess;
@@ -82,13 +109,15 @@ cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;
-    const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot);
+    const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, nullptr);
     if (cudaError_t e = cuda::run_simt_rows(p, plan, task, stream)) return e;
   }
   return cudaSuccess;
 }
 
 }  // namespace
+
+size_t cuda_backward_workspace_bytes(const BwdParams& p) { return workspace_layout(p).total; }
 
 bool cuda_backend_available() {
   int count = 0;

@@ -65,18 +65,32 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   const int group = warp / 4, warp_row = (warp % 4) * 16, group_tid = tid % T::kGroupThreads;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
 
-  // Work item of this group; an idle second group (odd item count) recomputes the last item
-  // and stores nothing, so block-wide barriers stay uniform.
-  const int64_t first_item = 2 * static_cast<int64_t>(blockIdx.x);
-  const bool active = first_item + group < plan.num_items;
-  int64_t item = active ? first_item + group : plan.num_items - 1;
-  const int64_t n = item % p.N;
-  item /= p.N;
-  const int64_t i0 = (item % plan.q_tiles) * kBlockM;
-  item /= plan.q_tiles;
-  const int64_t h = item % p.H, b = item / p.H;
-  const bool shared_tile = plan.tile_shared_over_n && first_item + 1 < plan.num_items &&
-                           first_item / p.N == (first_item + 1) / p.N;
+  // This group's work item (see LaunchPlan::pair_over_n). An idle group (odd N or odd q-tile
+  // count) recomputes its partner's item and stores nothing, so barriers stay uniform.
+  int64_t blk = blockIdx.x, n, qt;
+  bool active;
+  if (plan.pair_over_n) {
+    qt = blk % plan.q_tiles;
+    blk /= plan.q_tiles;
+    const int64_t n_pairs = (p.N + 1) / 2;
+    n = (blk % n_pairs) * 2 + group;
+    blk /= n_pairs;
+    active = n < p.N;
+    if (!active) n -= 1;
+  } else {
+    const int64_t q_pairs = (plan.q_tiles + 1) / 2;
+    qt = (blk % q_pairs) * 2 + group;
+    blk /= q_pairs;
+    n = blk % p.N;
+    blk /= p.N;
+    active = qt < plan.q_tiles;
+    if (!active) qt -= 1;
+  }
+  const int64_t h = blk % p.H, b = blk / p.H;
+  const int64_t i0 = qt * kBlockM;
+  // Both groups read one bias tile when it cannot differ between them (an idle group shares
+  // its partner's item, so also for odd N).
+  const bool shared_tile = plan.pair_over_n && plan.tile_shared_over_n;
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
@@ -93,13 +107,16 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
 
   load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(myQ, q_src, i0, p.Lq, p.D,
                                                                    plan.vec_q, group_tid);
-  load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(myK, k_src, 0, p.Lk, p.D,
-                                                                   plan.vec_k, group_tid);
-  load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(myV, v_src, 0, p.Lk, p.D,
-                                                                   plan.vec_v, group_tid);
+  using KVCopy = SeqTileCopy<Element, kBlockN, kHeadDim, T::kGroupThreads>;
+  const KVCopy k_copy{k_src}, v_copy{v_src};
+  k_copy.copy(myK, 0, p.Lk, p.D, plan.vec_k, group_tid);
+  v_copy.copy(myV, 0, p.Lk, p.D, plan.vec_v, group_tid);
   cp_async_commit();
   BiasTilePrefetch prefetch;
   if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, 0);
+  KeyBiasPrefetch key_bias;
+  const bool key_filler = group_tid < kBlockN;
+  if (key_filler) key_bias.load(p, plan.key_slots, b, n, h, group_tid);
 
   uint32_t q_frag[kKSteps][4];
   float acc_o[kDTiles][4];
@@ -116,17 +133,14 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     } else if (has_tile) {
       fill_bias_tile_generic(myTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
     }
-    if (group_tid < kBlockN) {
-      myKey[group_tid] = key_bias_log2(p, plan.key_slots, b, n, h, i0, j0 + group_tid);
-    }
+    if (key_filler) myKey[group_tid] = key_bias.value_log2(p, plan.key_slots);
     if (kt + 1 < plan.k_tiles) {
       const int next = stage ^ 1;
-      load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(
-          myK + next * kBlockN * kRowStride, k_src, j0 + kBlockN, p.Lk, p.D, plan.vec_k, group_tid);
-      load_rows_to_smem<Element, kBlockN, kHeadDim, T::kGroupThreads>(
-          myV + next * kBlockN * kRowStride, v_src, j0 + kBlockN, p.Lk, p.D, plan.vec_v, group_tid);
+      k_copy.copy(myK + next * kBlockN * kRowStride, j0 + kBlockN, p.Lk, p.D, plan.vec_k, group_tid);
+      v_copy.copy(myV + next * kBlockN * kRowStride, j0 + kBlockN, p.Lk, p.D, plan.vec_v, group_tid);
       cp_async_commit();
       if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, j0 + kBlockN);
+      if (key_filler) key_bias.load(p, plan.key_slots, b, n, h, j0 + kBlockN + group_tid);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -239,8 +253,7 @@ cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t str
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
-  const int64_t blocks = (plan.num_items + 1) / 2;
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
+  kernel<<<static_cast<unsigned>(plan.fwd_blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 #include "cuda/launch_plan.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace evoattn::cuda {
@@ -29,6 +30,9 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   plan.q_tiles = static_cast<int32_t>((p.Lq + block_m - 1) / block_m);
   plan.k_tiles = static_cast<int32_t>((p.Lk + block_n - 1) / block_n);
   plan.num_items = p.B * p.H * plan.q_tiles * p.N;
+  plan.pair_over_n = p.N > 1;
+  plan.fwd_blocks = plan.pair_over_n ? p.B * p.H * ((p.N + 1) / 2) * plan.q_tiles
+                                     : p.B * p.H * p.N * ((plan.q_tiles + 1) / 2);
   plan.vec_q = rows_vectorizable(p.q, p.q_stride, p.D, p.dtype);
   plan.vec_k = rows_vectorizable(p.k, p.k_stride, p.D, p.dtype);
   plan.vec_v = rows_vectorizable(p.v, p.v_stride, p.D, p.dtype);
@@ -66,7 +70,14 @@ LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
   return plan;
 }
 
-RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
+namespace {
+
+// Enough blocks to fill an H100 several times over; a shape-only rule, so the chunking (and the
+// summation order) is the same on every GPU.
+constexpr int64_t kTargetBlocks = 1024;
+constexpr int64_t kMaxChunks = 32;
+
+RowsTask base_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
   RowsTask task{};
   task.grad_slot = grad_slot;
   if (grad_slot < 0) {
@@ -84,7 +95,46 @@ RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slo
   task.iters = 1;
   task.blocks = 1;
   for (int d = 0; d < 5; ++d) (loops[d] ? task.iters : task.blocks) *= extents[d];
+  task.chunks = 1;
+  task.chunk_iters = task.iters;
   return task;
+}
+
+// SPEC: backward workspace <= float32 buffers the size of dQ plus one per bias gradient.
+int64_t chunk_budget(const BwdParams& p, const RowsTask& t) {
+  const int64_t allowance = p.B * p.N * p.Lq * p.H * p.D + p.B * p.N * p.H * p.Lq * p.Lk;
+  const int64_t per_chunk = t.blocks * kTile * kTile;
+  int64_t requested = 0;  // both bias gradients share the allowance
+  for (const BiasGradParams& g : p.dbias) requested += g.ptr != nullptr;
+  return allowance / (per_chunk * std::max<int64_t>(requested, 1));
+}
+
+int64_t chunk_count(const BwdParams& p, const RowsTask& t) {
+  if (t.grad_slot < 0 || t.blocks >= kTargetBlocks) return 1;
+  int64_t c = (kTargetBlocks + t.blocks - 1) / t.blocks;
+  c = std::min({c, t.iters, kMaxChunks, chunk_budget(p, t)});
+  return std::max<int64_t>(c, 1);
+}
+
+}  // namespace
+
+RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,
+                        float* workspace_partials) {
+  RowsTask task = base_task(p, plan, grad_slot);
+  if (workspace_partials != nullptr) {
+    task.chunks = chunk_count(p, task);
+    task.chunk_iters = (task.iters + task.chunks - 1) / task.chunks;
+    task.chunks = (task.iters + task.chunk_iters - 1) / task.chunk_iters;  // no empty chunk
+    if (task.chunks > 1) task.partials = workspace_partials;
+  }
+  return task;
+}
+
+size_t rows_task_partial_bytes(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
+  const RowsTask task = base_task(p, plan, grad_slot);
+  const int64_t chunks = chunk_count(p, task);
+  if (chunks <= 1) return 0;
+  return static_cast<size_t>(chunks * task.blocks * kTile * kTile) * sizeof(float);
 }
 
 }  // namespace evoattn::cuda

@@ -2,6 +2,7 @@
 // may use 16-byte loads, and how the bias slots split into per-key vectors and [Lq, Lk] tiles.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "params.h"
@@ -9,7 +10,7 @@
 namespace evoattn::cuda {
 
 struct LaunchPlan {
-  int64_t num_items;  // (b, h, q-tile, n) work items, n fastest
+  int64_t num_items;  // (b, h, n, q-tile) work items
   int32_t q_tiles, k_tiles;
   bool vec_q, vec_k, vec_v, vec_do, vec_o;   // 16-byte loads of rows
   bool pairs_o, pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
@@ -17,6 +18,11 @@ struct LaunchPlan {
   uint32_t tile_slots;       // bias slots that vary along Lq
   int32_t tile_fast_slot;    // the only tile slot, prefetchable with 16-byte loads; or -1
   bool tile_shared_over_n;   // every tile slot has stride_n == 0 (the Evoformer pair bias)
+  // Forward blocks take two work items: rows n, n + 1 of one q-tile (pair_over_n, when N > 1,
+  // so they can share the pair-bias tile) or q-tiles 2i, 2i + 1 of one row. Q-tiles vary
+  // fastest across blocks, so blocks reading the same K and V run together and hit L2.
+  bool pair_over_n;
+  int64_t fwd_blocks;
 };
 
 // The iteration space of the query-side backward kernels: `loop_*` dimensions are walked
@@ -27,9 +33,22 @@ struct RowsTask {
   bool loop_b, loop_n, loop_h, loop_q, loop_k;
   int64_t iters;   // product of the looped extents
   int64_t blocks;  // product of the others
+  // A bias gradient with few blocks and long loops splits its loop into `chunks` ranges of
+  // `chunk_iters`; block (tile, chunk) writes its partial tile to `partials` (float32,
+  // [chunks][blocks][64 * 64]) and a reduce kernel sums the chunks in order. chunks = 1: the
+  // kernel writes the gradient itself.
+  int64_t chunks, chunk_iters;
+  float* partials;
 };
 
-RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot);
+// Tile edge of the mma.sync kernels and of a partial tile.
+constexpr int kTile = 64;
+
+// `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
+RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,
+                        float* workspace_partials);
+// Bytes of partials make_rows_task would use for this slot (0 when it would not chunk).
+size_t rows_task_partial_bytes(const BwdParams& p, const LaunchPlan& plan, int grad_slot);
 
 // Tile sizes the plan counts in; the kernels static_assert they agree.
 LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n);

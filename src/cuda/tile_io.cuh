@@ -54,22 +54,80 @@ __device__ __forceinline__ void load_rows_to_smem(Element* smem, const RowPtr& s
   }
 }
 
-// Sum of the biases that depend only on the key (stride_q == 0 and stride_h == 0 is not
-// required: the (b, n, h) offset is fixed per tile), times log2(e); -inf past Lk. `key_slots`
-// is a bitmask of BiasParams slots.
-__device__ __forceinline__ float key_bias_log2(const FwdParams& p, unsigned key_slots, int64_t b,
-                                               int64_t n, int64_t h, int64_t row, int64_t col) {
-  if (col >= p.Lk) return neg_inf();
-  float v = 0.0f;
-  for (int s = 0; s < kNumBiasSlots; ++s) {
-    if (!(key_slots >> s & 1u)) continue;
-    const BiasParams& bp = p.bias[s];
-    const ScoreStrides& st = bp.stride;
-    v += load_any(bp.ptr, bp.dtype, b * st.b + n * st.n + h * st.h + row * st.q + col * st.k);
-  }
-  return v * kLog2e;
-}
+// Copies tiles of kRows rows of one (b, n, h) into shared memory, tile after tile. With 16-byte
+// copies legal (`vec`), each thread owns the same chunk slots of every tile, so a tile costs one
+// 64-bit multiply plus, per chunk, an add, a bounds check and a cp.async. Otherwise it falls
+// back to load_rows_to_smem. Holds only the (b, n, h) row pointer: registers are scarce.
+template <typename Element, int kRows, int kHeadDim, int kThreads>
+struct SeqTileCopy {
+  static constexpr int kRowStride = kHeadDim + 8;
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kChunks = kRows * kChunksPerRow;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kChunks % kThreads == 0, "whole passes");
+  static constexpr int kPasses = kChunks / kThreads;
 
+  RowPtr src;
+
+  __device__ __forceinline__ void copy(Element* smem, int64_t row0, int64_t num_rows, int D,
+                                      bool vec, int tid) const {
+    if (!vec) {
+      load_rows_to_smem<Element, kRows, kHeadDim, kThreads>(smem, src, row0, num_rows, D, false, tid);
+      return;
+    }
+    const int row = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
+    // Rows past the end are zero-filled; their (unread) address is kept inside the tensor.
+    const Element* base = static_cast<const Element*>(src.base);
+    const Element* g = base + (row0 + row < num_rows ? (row0 + row) * src.row_stride + d : 0);
+    const int64_t pass_stride = kRowsPerPass * src.row_stride;
+    Element* dst = smem + row * kRowStride + d;
+    const bool d_ok = d < D;
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const bool valid = d_ok && row0 + row + k * kRowsPerPass < num_rows;
+      cp_async_16(dst + k * kRowsPerPass * kRowStride, valid ? g + k * pass_stride : base, valid);
+    }
+  }
+};
+
+// The per-key biases (slots with stride_q == 0) of one key column. The raw bits are fetched
+// a tile ahead and decoded, summed and scaled by log2(e) only when stored, so the global-load
+// latency hides behind the current tile's math. -inf past Lk.
+struct KeyBiasPrefetch {
+  uint32_t raw[kNumBiasSlots];
+  bool valid;
+
+  __device__ __forceinline__ void load(const FwdParams& p, unsigned key_slots, int64_t b,
+                                       int64_t n, int64_t h, int64_t col) {
+    valid = col < p.Lk;
+    for (int s = 0; s < kNumBiasSlots; ++s) {
+      raw[s] = 0;
+      if (!(key_slots >> s & 1u) || !valid) continue;
+      const BiasParams& bp = p.bias[s];
+      const int64_t i = b * bp.stride.b + n * bp.stride.n + h * bp.stride.h + col * bp.stride.k;
+      switch (bp.dtype) {
+        case DType::kF32: raw[s] = static_cast<const uint32_t*>(bp.ptr)[i]; break;
+        case DType::kBool: raw[s] = static_cast<const uint8_t*>(bp.ptr)[i]; break;
+        default: raw[s] = static_cast<const uint16_t*>(bp.ptr)[i]; break;
+      }
+    }
+  }
+
+  __device__ __forceinline__ float value_log2(const FwdParams& p, unsigned key_slots) const {
+    if (!valid) return neg_inf();
+    float v = 0.0f;
+    for (int s = 0; s < kNumBiasSlots; ++s) {
+      if (!(key_slots >> s & 1u)) continue;
+      switch (p.bias[s].dtype) {
+        case DType::kF16: v += __half2float(__ushort_as_half(static_cast<unsigned short>(raw[s]))); break;
+        case DType::kBF16: v += __uint_as_float(raw[s] << 16); break;
+        case DType::kF32: v += __uint_as_float(raw[s]); break;
+        case DType::kBool: v += raw[s] ? 0.0f : neg_inf(); break;
+      }
+    }
+    return v * kLog2e;
+  }
+};
 
 // The [64 queries x 64 keys] float bias tile, times log2(e), is filled cooperatively: each
 // thread owns `units` rows (32 apart) of 16 consecutive keys. 256 threads fill a tile with one
