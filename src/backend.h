@@ -9,10 +9,23 @@
 
 namespace evoattn {
 
-// Backward workspace. Both backends start it with Delta = rowsum(dO * O), float32
-// [B, N, H, Lq]; the CUDA backend may add partial sums of bias gradients after it.
-inline size_t delta_workspace_bytes(const FwdParams& p) {
-  return static_cast<size_t>(p.B * p.N * p.H * p.Lq) * sizeof(float);
+// Backward workspace. Both backends start it with three float32 [B, N, H, Lq] arrays of row
+// statistics, so that P = exp(s - row_max - row_log_sum) and dS = P (dP - Delta):
+//   Delta        dO . O, or sum_j P dP for head dims below kExactDeltaHeadDim (with so few terms
+//                the rounding of the stored O dominates dP - Delta);
+//   row_max      LSE; or, where |LSE| >= kLseExactLimit, the row's max score recomputed: a
+//                float32 LSE of -1e9 cannot carry the + log(l) of its row;
+//   row_log_sum  0; or log sum_j exp(s_j - row_max) for recomputed rows.
+// The CPU keeps natural-log units, CUDA log2 units. CUDA may add bias-gradient partials after.
+constexpr int kExactDeltaHeadDim = 8;
+constexpr float kLseExactLimit = 64.0f;
+EVOATTN_HOST_DEVICE inline int64_t num_rows(const FwdParams& p) { return p.B * p.N * p.H * p.Lq; }
+inline size_t row_stats_bytes(const FwdParams& p) {
+  return static_cast<size_t>(3 * num_rows(p)) * sizeof(float);
+}
+// Whether a row's statistics come from its scores rather than from its LSE.
+EVOATTN_HOST_DEVICE inline bool recompute_row_stats(float lse, int D) {
+  return D < kExactDeltaHeadDim || (lse - lse == 0.0f && (lse >= kLseExactLimit || lse <= -kLseExactLimit));
 }
 size_t cuda_backward_workspace_bytes(const BwdParams& p);
 

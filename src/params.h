@@ -5,6 +5,13 @@
 
 #include <cstdint>
 
+// Small helpers shared by host code and CUDA kernels.
+#if defined(__CUDACC__)
+#define EVOATTN_HOST_DEVICE __host__ __device__
+#else
+#define EVOATTN_HOST_DEVICE
+#endif
+
 namespace evoattn {
 
 enum class DType : int32_t { kF16 = 0, kBF16 = 1, kF32 = 2, kBool = 3 };
@@ -71,6 +78,6 @@ struct BwdParams : FwdParams {
   uint64_t workspace_bytes;
 };
 
-inline int64_t num_scores(const FwdParams& p) { return p.B * p.N * p.H * p.Lq * p.Lk; }
+EVOATTN_HOST_DEVICE inline int64_t num_scores(const FwdParams& p) { return p.B * p.N * p.H * p.Lq * p.Lk; }
 
 }  // namespace evoattn

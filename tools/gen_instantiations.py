@@ -15,7 +15,7 @@ KERNELS = {
     "bwd_rows": ("cuda/bwd_rows_kernel.cuh", "run_bwd_rows",
                  "(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t)"),
 }
-HAND_WRITTEN = ["dispatch.cu", "launch_plan.cpp", "delta.cu", "simt_fp32.cu"]
+HAND_WRITTEN = ["dispatch.cu", "launch_plan.cpp", "row_stats.cu", "simt_fp32.cu"]
 
 
 def main() -> None:

@@ -104,7 +104,8 @@ EVOATTN_API evoattn_status_t evoattn_forward(const evoattn_tensor_t* q, const ev
  *   d_mask_bias, d_pair_bias  optional outputs shaped like mask_bias / pair_bias (their
  *            broadcast dimensions are summed), dtype float32 or that of q. NULL = not wanted.
  *   workspace             device (or host, for CPU tensors) memory of at least the size that
- *            evoattn_backward_workspace_size reports for the same arguments.
+ *            evoattn_backward_workspace_size reports for the same arguments, 16-byte aligned
+ *            (cudaMalloc and framework allocators give 256 bytes or more).
  */
 EVOATTN_API evoattn_status_t evoattn_backward(
     const evoattn_tensor_t* d_o, const evoattn_tensor_t* q, const evoattn_tensor_t* k,

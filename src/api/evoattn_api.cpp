@@ -88,7 +88,7 @@ evoattn_status_t evoattn_backward_workspace_size(
     Problem problem;
     EVOATTN_RETURN_IF_ERROR(validate_backward(fn, args, opt, /*need_data=*/false, &problem));
     const BwdParams params = make_bwd_params(args, problem, opt, nullptr, 0);
-    *bytes = problem.device == EVOATTN_DEVICE_CPU ? delta_workspace_bytes(params)
+    *bytes = problem.device == EVOATTN_DEVICE_CPU ? row_stats_bytes(params)
                                                   : cuda_backward_workspace_bytes(params);
     return EVOATTN_SUCCESS;
   });
@@ -120,12 +120,12 @@ evoattn_status_t evoattn_backward(
     const BwdParams params = make_bwd_params(args, problem, opt, workspace, workspace_bytes);
     if (problem.device == EVOATTN_DEVICE_CPU) {
       EVOATTN_RETURN_IF_ERROR(
-          validate_workspace(fn, workspace, workspace_bytes, delta_workspace_bytes(params)));
+          validate_workspace(fn, workspace, workspace_bytes, row_stats_bytes(params)));
       return cpu_backward(params);
     }
+    if (!cuda_backend_available()) return unavailable(fn);
     EVOATTN_RETURN_IF_ERROR(
         validate_workspace(fn, workspace, workspace_bytes, cuda_backward_workspace_bytes(params)));
-    if (!cuda_backend_available()) return unavailable(fn);
     return cuda_backward(params, stream);
   });
 }

@@ -1,8 +1,8 @@
 // CPU backward, in the same passes as the CUDA backward, each task owning what it writes
 // (no atomics, so the result is bitwise identical for any thread count):
 //
-//   Delta[b,n,h,i] = sum_d dO * O                         (workspace)
-//   P  = exp(scale Q K^T + biases - LSE),  dS = P * (dO V^T - Delta)   (recomputed per tile)
+//   row statistics (workspace; see backend.h): Delta, row_max, row_log_sum
+//   P  = exp(scale Q K^T + biases - row_max - row_log_sum),  dS = P * (dO V^T - Delta)
 //   pass dK/dV : task (b, n, h, key block),   loop over query blocks: dV += P^T dO, dK += dS^T Q~
 //   pass dQ    : task (b, n, h, query block), loop over key blocks:   dQ += dS K, times scale
 //   pass dbias : task over the dimensions the bias keeps, loop over the ones it broadcasts on
@@ -25,25 +25,38 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t blocks(int64_t n, int block) { return (n + block - 1) / block; }
 
-// The query side of a tile: scaled Q, dO, LSE and Delta for `rows` rows from i0.
+// The three row-statistics arrays at the front of the workspace.
+struct RowStats {
+  float* delta;
+  float* row_max;
+  float* row_log_sum;
+
+  explicit RowStats(const BwdParams& p)
+      : delta(static_cast<float*>(p.workspace)),
+        row_max(delta + num_rows(p)),
+        row_log_sum(row_max + num_rows(p)) {}
+};
+
+// The query side of a tile: scaled Q, dO and the row statistics for `rows` rows from i0.
 struct QueryTile {
-  std::vector<float> q, d_o, lse, delta;
+  std::vector<float> q, d_o, row_max, row_log_sum, delta;
   int64_t i0 = 0;
   int rows = 0;
 
-  explicit QueryTile(int D) : q(kBlockQ * D), d_o(kBlockQ * D), lse(kBlockQ), delta(kBlockQ) {}
+  explicit QueryTile(int D)
+      : q(kBlockQ * D), d_o(kBlockQ * D), row_max(kBlockQ), row_log_sum(kBlockQ), delta(kBlockQ) {}
 
-  void load(const BwdParams& p, const float* delta_ws, int64_t b, int64_t n, int64_t h,
+  void load(const BwdParams& p, const RowStats& stats, int64_t b, int64_t n, int64_t h,
             int64_t first, int count) {
     i0 = first;
     rows = count;
     load_rows(q.data(), row_source(p.q, p.dtype, p.q_stride, b, n, h), i0, rows, p.D, p.scale);
     load_rows(d_o.data(), row_source(p.d_o, p.dtype, p.do_stride, b, n, h), i0, rows, p.D);
-    const int64_t lse_row = b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h;
-    const int64_t delta_row = ((b * p.N + n) * p.H + h) * p.Lq;
+    const int64_t row = ((b * p.N + n) * p.H + h) * p.Lq + i0;
     for (int i = 0; i < rows; ++i) {
-      lse[i] = p.lse[lse_row + (i0 + i) * p.lse_stride_q];
-      delta[i] = delta_ws[delta_row + i0 + i];
+      row_max[i] = stats.row_max[row + i];
+      row_log_sum[i] = stats.row_log_sum[row + i];
+      delta[i] = stats.delta[row + i];
     }
   }
 };
@@ -68,8 +81,8 @@ struct KeyTile {
   }
 };
 
-// P and dS (rows x cols, row-major) of one tile. Rows with LSE = -inf are fully masked and
-// contribute nothing.
+// P and dS (rows x cols, row-major) of one tile. Fully masked rows (row_max = -inf) contribute
+// nothing.
 void probs_and_dscores(const BwdParams& p, int64_t b, int64_t n, int64_t h, const QueryTile& qt,
                        const KeyTile& kt, float* P, float* dS) {
   const int rows = qt.rows, cols = kt.cols;
@@ -79,36 +92,89 @@ void probs_and_dscores(const BwdParams& p, int64_t b, int64_t n, int64_t h, cons
   for (int i = 0; i < rows; ++i) {
     float* pi = P + i * cols;
     float* dsi = dS + i * cols;
-    if (qt.lse[i] == kNegInf) {
+    if (qt.row_max[i] == kNegInf) {
       for (int j = 0; j < cols; ++j) pi[j] = dsi[j] = 0.0f;
       continue;
     }
     for (int j = 0; j < cols; ++j) {
-      pi[j] = std::exp(pi[j] - qt.lse[i]);
+      pi[j] = std::exp((pi[j] - qt.row_max[i]) - qt.row_log_sum[i]);
       dsi[j] = pi[j] * (dsi[j] - qt.delta[i]);
     }
   }
 }
 
-void compute_delta(const BwdParams& p, float* delta) {
+// Row max and log-sum recomputed from one row's scores, and sum_j P dP when `want_delta`.
+struct RowRecompute {
+  float row_max, row_log_sum, delta;
+};
+
+RowRecompute recompute_row(const BwdParams& p, int64_t b, int64_t n, int64_t h, int64_t i,
+                           const float* q, const float* d_o, bool want_delta) {
+  const int D = p.D;
+  const RowSource k_src = row_source(p.k, p.dtype, p.k_stride, b, n, h);
+  const RowSource v_src = row_source(p.v, p.dtype, p.v_stride, b, n, h);
+  std::vector<float> kt(D * kBlockK), vt(D * kBlockK), s(kBlockK), dp(kBlockK);
+  // Online over key blocks: m = running max, l = sum exp(s - m), w = sum exp(s - m) dP.
+  float m = kNegInf, l = 0.0f, w = 0.0f;
+  for (int64_t j0 = 0; j0 < p.Lk; j0 += kBlockK) {
+    const int cols = static_cast<int>(std::min<int64_t>(kBlockK, p.Lk - j0));
+    load_rows_transposed(kt.data(), cols, k_src, j0, cols, D);
+    matmul_abt(s.data(), q, kt.data(), cols, 1, cols, D);
+    add_biases(s.data(), p, b, n, h, i, 1, j0, cols);
+    if (want_delta) {
+      load_rows_transposed(vt.data(), cols, v_src, j0, cols, D);
+      matmul_abt(dp.data(), d_o, vt.data(), cols, 1, cols, D);
+    }
+    float block_max = kNegInf;
+    for (int j = 0; j < cols; ++j) block_max = std::fmax(block_max, s[j]);
+    if (block_max == kNegInf) continue;
+    if (block_max > m) {
+      const float alpha = std::exp(m - block_max);
+      l *= alpha;
+      w *= alpha;
+      m = block_max;
+    }
+    for (int j = 0; j < cols; ++j) {
+      const float e = std::exp(s[j] - m);
+      l += e;
+      if (want_delta) w += e * dp[j];
+    }
+  }
+  if (m == kNegInf) return RowRecompute{kNegInf, 0.0f, 0.0f};
+  return RowRecompute{m, std::log(l), w / l};
+}
+
+void compute_row_stats(const BwdParams& p, const RowStats& stats) {
   const int D = p.D;
   parallel_for(p.B * p.N * p.H, p.num_threads, [&](int64_t task) {
     const int64_t h = task % p.H, n = task / p.H % p.N, b = task / (p.H * p.N);
-    std::vector<float> o(kBlockQ * D), d_o(kBlockQ * D);
+    std::vector<float> o(kBlockQ * D), d_o(kBlockQ * D), q(kBlockQ * D);
+    const int64_t lse_row = b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h;
     for (int64_t i0 = 0; i0 < p.Lq; i0 += kBlockQ) {
       const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.Lq - i0));
       load_rows(o.data(), row_source(p.o, p.dtype, p.o_stride, b, n, h), i0, rows, D);
       load_rows(d_o.data(), row_source(p.d_o, p.dtype, p.do_stride, b, n, h), i0, rows, D);
+      load_rows(q.data(), row_source(p.q, p.dtype, p.q_stride, b, n, h), i0, rows, D, p.scale);
       for (int i = 0; i < rows; ++i) {
+        const int64_t row = task * p.Lq + i0 + i;
+        const float lse = p.lse[lse_row + (i0 + i) * p.lse_stride_q];
         float sum = 0.0f;
         for (int d = 0; d < D; ++d) sum += o[i * D + d] * d_o[i * D + d];
-        delta[task * p.Lq + i0 + i] = sum;
+        stats.delta[row] = sum;
+        stats.row_max[row] = lse;
+        stats.row_log_sum[row] = 0.0f;
+        if (!recompute_row_stats(lse, D)) continue;
+        const RowRecompute r = recompute_row(p, b, n, h, i0 + i, q.data() + i * D,
+                                             d_o.data() + i * D, D < kExactDeltaHeadDim);
+        stats.row_max[row] = r.row_max;
+        stats.row_log_sum[row] = r.row_log_sum;
+        if (D < kExactDeltaHeadDim) stats.delta[row] = r.delta;
       }
     }
   });
 }
 
-void dk_dv_pass(const BwdParams& p, const float* delta) {
+void dk_dv_pass(const BwdParams& p, const RowStats& stats) {
   const int D = p.D;
   const int64_t k_blocks = blocks(p.Lk, kBlockK);
   parallel_for(p.B * p.N * p.H * k_blocks, p.num_threads, [&](int64_t task) {
@@ -121,7 +187,7 @@ void dk_dv_pass(const BwdParams& p, const float* delta) {
     std::vector<float> P(kBlockQ * kBlockK), dS(kBlockQ * kBlockK);
     std::vector<float> dk(kBlockK * D, 0.0f), dv(kBlockK * D, 0.0f);
     for (int64_t i0 = 0; i0 < p.Lq; i0 += kBlockQ) {
-      qt.load(p, delta, b, n, h, i0, static_cast<int>(std::min<int64_t>(kBlockQ, p.Lq - i0)));
+      qt.load(p, stats, b, n, h, i0, static_cast<int>(std::min<int64_t>(kBlockQ, p.Lq - i0)));
       probs_and_dscores(p, b, n, h, qt, kt, P.data(), dS.data());
       matmul_tn_acc(dv.data(), P.data(), qt.d_o.data(), qt.rows, kt.cols, D);
       matmul_tn_acc(dk.data(), dS.data(), qt.q.data(), qt.rows, kt.cols, D);
@@ -131,7 +197,7 @@ void dk_dv_pass(const BwdParams& p, const float* delta) {
   });
 }
 
-void dq_pass(const BwdParams& p, const float* delta) {
+void dq_pass(const BwdParams& p, const RowStats& stats) {
   const int D = p.D;
   const int64_t q_blocks = blocks(p.Lq, kBlockQ);
   parallel_for(p.B * p.N * p.H * q_blocks, p.num_threads, [&](int64_t task) {
@@ -139,7 +205,7 @@ void dq_pass(const BwdParams& p, const float* delta) {
     const int64_t n = task / (q_blocks * p.H) % p.N, b = task / (q_blocks * p.H * p.N);
     QueryTile qt(D);
     KeyTile kt(D);
-    qt.load(p, delta, b, n, h, qb * kBlockQ,
+    qt.load(p, stats, b, n, h, qb * kBlockQ,
             static_cast<int>(std::min<int64_t>(kBlockQ, p.Lq - qb * kBlockQ)));
     std::vector<float> P(kBlockQ * kBlockK), dS(kBlockQ * kBlockK), dq(kBlockQ * D, 0.0f);
     for (int64_t j0 = 0; j0 < p.Lk; j0 += kBlockK) {
@@ -161,7 +227,7 @@ Range task_range(bool reduced, int64_t index, int64_t count) {
   return reduced ? Range{0, count} : Range{index, index + 1};
 }
 
-void dbias_pass(const BwdParams& p, const float* delta, const BiasGradParams& g) {
+void dbias_pass(const BwdParams& p, const RowStats& stats, const BiasGradParams& g) {
   const int D = p.D;
   const int64_t q_blocks = blocks(p.Lq, kBlockQ), k_blocks = blocks(p.Lk, kBlockK);
   const int64_t nb = g.reduce_b ? 1 : p.B, nn = g.reduce_n ? 1 : p.N, nh = g.reduce_h ? 1 : p.H;
@@ -186,7 +252,7 @@ void dbias_pass(const BwdParams& p, const float* delta, const BiasGradParams& g)
             kt.load(p, bi, ni, hi, kbi * kBlockK,
                     static_cast<int>(std::min<int64_t>(kBlockK, p.Lk - kbi * kBlockK)), false);
             for (int64_t qbi = rq.begin; qbi < rq.end; ++qbi) {
-              qt.load(p, delta, bi, ni, hi, qbi * kBlockQ,
+              qt.load(p, stats, bi, ni, hi, qbi * kBlockQ,
                       static_cast<int>(std::min<int64_t>(kBlockQ, p.Lq - qbi * kBlockQ)));
               probs_and_dscores(p, bi, ni, hi, qt, kt, P.data(), dS.data());
               // Sum the tile first, then add it: two-level sums keep float32 error small.
@@ -211,12 +277,12 @@ void dbias_pass(const BwdParams& p, const float* delta, const BiasGradParams& g)
 }  // namespace
 
 evoattn_status_t cpu_backward(const BwdParams& p) {
-  float* delta = static_cast<float*>(p.workspace);
-  compute_delta(p, delta);
-  dk_dv_pass(p, delta);
-  dq_pass(p, delta);
+  const RowStats stats(p);
+  compute_row_stats(p, stats);
+  dk_dv_pass(p, stats);
+  dq_pass(p, stats);
   for (const BiasGradParams& g : p.dbias) {
-    if (g.ptr != nullptr) dbias_pass(p, delta, g);
+    if (g.ptr != nullptr) dbias_pass(p, stats, g);
   }
   return EVOATTN_SUCCESS;
 }

@@ -2,7 +2,7 @@
 //
 //   K, V tile stays in shared memory; for each tile of 64 queries (Q, dO double-buffered):
 //     S^T  = K Q^T,  dP^T = V dO^T                     (per warp: 16 keys x 64 queries)
-//     P^T  = 2^(S^T scale log2 e + bias^T log2 e - LSE log2 e)
+//     P^T  = 2^(S^T scale log2 e + bias^T log2 e - row_max - row_log_sum)   (row_stats_kernel)
 //     dS^T = P^T (dP^T - Delta)
 //     dV  += P^T dO,  dK += dS^T Q                      (P^T, dS^T reused as A operands)
 //   dK *= scale. Each block owns its rows of dK and dV: no atomics, deterministic.
@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backend.h"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
@@ -30,7 +31,7 @@ struct BwdKeyTraits {
   static constexpr int kSeqElems = kBlockN * kRowStride;  // one K, V, Q or dO tile
   static constexpr size_t kSmemBytes =
       (2 + 4) * kSeqElems * sizeof(Element) +
-      (kBlockM * kTileStride + kBlockN + 2 * kBlockM) * sizeof(float);
+      (kBlockM * kTileStride + kBlockN + 3 * kBlockM) * sizeof(float);
   // Four blocks per SM for head dim <= 32 (registers capped at 128).
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 4 : kHeadDim <= 64 ? 2 : 1;
   static_assert(kBlockM == kBlockN, "one tile shape for K, V, Q and dO");
@@ -54,8 +55,9 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
   Element* sdO = sQ + 2 * T::kSeqElems;  // [2 stages]
   float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
   float* sKey = sTile + kBlockM * kTileStride;
-  float* sLse = sKey + kBlockN;   // [kBlockM], LSE * log2(e); +inf for masked rows
-  float* sDelta = sLse + kBlockM;  // [kBlockM]
+  float* sRowMax = sKey + kBlockN;        // [kBlockM] row statistics of the query tile
+  float* sRowLogSum = sRowMax + kBlockM;  // [kBlockM]
+  float* sDelta = sRowLogSum + kBlockM;   // [kBlockM]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
@@ -69,8 +71,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
 
   const RowPtr q_src = row_ptr<Element>(p.q, p.q_stride, b, n, h);
   const RowPtr do_src = row_ptr<Element>(p.d_o, p.do_stride, b, n, h);
-  const int64_t lse_base = b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h;
-  const float* delta = static_cast<const float*>(p.workspace) + ((b * p.N + n) * p.H + h) * p.Lq;
+  const int64_t stats_row = ((b * p.N + n) * p.H + h) * p.Lq;
+  const float* delta = static_cast<const float*>(p.workspace) + stats_row;
+  const float* row_max = delta + num_rows(p);
+  const float* row_log_sum = row_max + num_rows(p);
   const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
   const BiasFill fill = bias_fill_slice(false, tid, tid);
 
@@ -84,9 +88,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
     sKey[tid] = key_bias.value_log2(p, plan.key_slots);
   }
 
-  // Q and dO of query tile `qt` into stage `s` (cp.async); its LSE and Delta into registers of
-  // threads 0..63, stored at the top of the iteration that uses them.
-  float next_lse = 0.0f, next_delta = 0.0f;
+  // Q and dO of query tile `qt` into stage `s` (cp.async); its row statistics into registers
+  // of threads 0..63, stored at the top of the iteration that uses them. Rows past Lq get
+  // row_max = +inf: P = 0.
+  float next_max = 0.0f, next_log_sum = 0.0f, next_delta = 0.0f;
   using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
   const QCopy q_copy{q_src}, do_copy{do_src};
   auto load_query_tile = [&](int qt, int s) {
@@ -95,13 +100,14 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
     do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_do, tid);
     if (tid < kBlockM) {
       const int64_t i = i0 + tid;
-      next_lse = i < p.Lq ? p.lse[lse_base + i * p.lse_stride_q] : neg_inf();
+      next_max = i < p.Lq ? row_max[i] : -neg_inf();
+      next_log_sum = i < p.Lq ? row_log_sum[i] : 0.0f;
       next_delta = i < p.Lq ? delta[i] : 0.0f;
     }
   };
   load_query_tile(0, 0);
   cp_async_commit();
-  BiasTilePrefetch prefetch;
+  BiasTilePrefetch<Element> prefetch;
   if (fast_tile) prefetch.load(p, plan, fill, b, n, h, 0, j0);
 
   float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
@@ -112,13 +118,13 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
     const int stage = qt & 1;
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
     if (fast_tile) {
-      prefetch.store(sTile, kTileStride, fill, p.bias[plan.tile_fast_slot].dtype);
+      prefetch.store(sTile, kTileStride, fill);
     } else if (has_tile) {
       fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
     }
     if (tid < kBlockM) {
-      // A fully masked row (LSE = -inf) must give P = 0: exponentiate against +inf instead.
-      sLse[tid] = next_lse == neg_inf() ? -neg_inf() : next_lse * kLog2e;
+      sRowMax[tid] = next_max;
+      sRowLogSum[tid] = next_log_sum;
       sDelta[tid] = next_delta;
     }
     if (qt + 1 < plan.q_tiles) {
@@ -157,13 +163,14 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
 
     // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
     const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
-    const float* lse = sLse;
     const float* dlt = sDelta;
     for (int nt = 0; nt < kQTiles; ++nt) {
       for (int e = 0; e < 4; ++e) {
         const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
-        const float bias = key_bias[e / 2] + (has_tile ? sTile[query * kTileStride + key] : 0.0f);
-        const float prob = exp2_approx(fmaf(s[nt][e], p.scale_log2, bias) - lse[query]);
+        // Key biases are stored times log2(e); the tile in natural units.
+        const float tile = has_tile ? sTile[query * kTileStride + key] : 0.0f;
+        const float x = fmaf(tile, kLog2e, fmaf(s[nt][e], p.scale_log2, key_bias[e / 2]));
+        const float prob = exp2_approx((x - sRowMax[query]) - sRowLogSum[query]);
         s[nt][e] = prob;
         dp[nt][e] = prob * (dp[nt][e] - dlt[query]);
       }

@@ -5,12 +5,14 @@
 //           (the pair bias: block (b, h, q-tile, k-tile), iterating over n): acc += dS,
 //           then rows / columns of acc summed where the bias is 1 wide.
 //   per (q-tile, k-tile): S = Q K^T, dP = dO V^T (per warp 16 queries x 64 keys)
-//                         P = 2^(S scale log2 e + bias log2 e - LSE log2 e), dS = P (dP - Delta)
+//                         P = 2^(S scale log2 e + bias log2 e - row_max - row_log_sum),
+//                         dS = P (dP - Delta)                  (row statistics: row_stats_kernel)
 // Every output element is written by one block after a fixed-order loop: deterministic.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "backend.h"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
@@ -118,20 +120,21 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   load_q(cur, 0);
   load_kv(cur, 0);
   cp_async_commit();
-  BiasTilePrefetch prefetch;
+  BiasTilePrefetch<Element> prefetch;
   if (fast_tile) prefetch.load(p, plan, fill, cur.b, cur.n, cur.h, cur.qt * kBlockM, cur.kt * kBlockN);
   KeyBiasPrefetch key_bias;
   const bool key_filler = tid < kBlockN;
   if (key_filler) key_bias.load(p, plan.key_slots, cur.b, cur.n, cur.h, cur.kt * kBlockN + tid);
-  // LSE and Delta of this thread's two rows (g, g + 8), fetched with their Q tile.
-  float next_lse[2], next_dlt[2];
+  // Row statistics of this thread's two rows (g, g + 8), fetched with their Q tile; rows past
+  // Lq get row_max = +inf, so P = 0.
+  float next_max[2], next_log_sum[2], next_dlt[2];
   auto load_row_stats = [&](const TileCoord& c) {
-    const int64_t lse_base = c.b * p.lse_stride_b + c.n * p.lse_stride_n + c.h * p.lse_stride_h;
     const float* delta =
         static_cast<const float*>(p.workspace) + ((c.b * p.N + c.n) * p.H + c.h) * p.Lq;
     for (int r = 0; r < 2; ++r) {
       const int64_t i = c.qt * kBlockM + warp_row + g + 8 * r;
-      next_lse[r] = i < p.Lq ? p.lse[lse_base + i * p.lse_stride_q] : neg_inf();
+      next_max[r] = i < p.Lq ? delta[num_rows(p) + i] : -neg_inf();
+      next_log_sum[r] = i < p.Lq ? delta[2 * num_rows(p) + i] : 0.0f;
       next_dlt[r] = i < p.Lq ? delta[i] : 0.0f;
     }
   };
@@ -140,7 +143,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   int q_stage = 0, kv_stage = 0;
   bool fresh_q = true;
   uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
-  float lse[2], dlt[2];
+  float row_max[2], row_log_sum[2], dlt[2];
   float acc_dq[kDTiles][4], acc[kNTiles][4];
   for (int d = 0; d < kDTiles; ++d)
     for (int e = 0; e < 4; ++e) acc_dq[d][e] = 0.0f;
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   for (int64_t it = it_begin; it < it_end; ++it) {
     const int64_t i0 = cur.qt * kBlockM, j0 = cur.kt * kBlockN;
     if (fast_tile) {
-      prefetch.store(sTile, kTileStride, fill, p.bias[plan.tile_fast_slot].dtype);
+      prefetch.store(sTile, kTileStride, fill);
     } else if (has_tile) {
       fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, i0, j0);
     }
@@ -184,7 +187,8 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
         ldmatrix_x4(do_frag[kk], dOs + off);
       }
       for (int r = 0; r < 2; ++r) {
-        lse[r] = next_lse[r] == neg_inf() ? -neg_inf() : next_lse[r] * kLog2e;  // masked: P = 0
+        row_max[r] = next_max[r];
+        row_log_sum[r] = next_log_sum[r];
         dlt[r] = next_dlt[r];
       }
     }
@@ -209,14 +213,21 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
         mma_16816<Element>(dp[2 * np + 1], do_frag[kk], {vb[2], vb[3]});
       }
     }
+    // Key biases are stored times log2(e); the tile in natural units. float2 reads: a row
+    // stride of 72 words keeps a half-warp's rows g = 0..3 in disjoint banks.
     for (int nt = 0; nt < kNTiles; ++nt) {
       const int c = nt * 8 + 2 * t;
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, col = c + (e % 2);
-        const float bias =
-            sKey[col] + (has_tile ? sTile[(warp_row + g + 8 * r) * kTileStride + col] : 0.0f);
-        const float prob = exp2_approx(fmaf(s[nt][e], p.scale_log2, bias) - lse[r]);
-        dp[nt][e] = prob * (dp[nt][e] - dlt[r]);  // dS
+      const float2 kb = *reinterpret_cast<const float2*>(sKey + c);
+      for (int r = 0; r < 2; ++r) {
+        const float2 tb = has_tile ? *reinterpret_cast<const float2*>(
+                                         sTile + (warp_row + g + 8 * r) * kTileStride + c)
+                                   : make_float2(0.0f, 0.0f);
+        const float x0 = fmaf(tb.x, kLog2e, fmaf(s[nt][2 * r], p.scale_log2, kb.x));
+        const float x1 = fmaf(tb.y, kLog2e, fmaf(s[nt][2 * r + 1], p.scale_log2, kb.y));
+        const float p0 = exp2_approx((x0 - row_max[r]) - row_log_sum[r]);
+        const float p1 = exp2_approx((x1 - row_max[r]) - row_log_sum[r]);
+        dp[nt][2 * r] = p0 * (dp[nt][2 * r] - dlt[r]);  // dS
+        dp[nt][2 * r + 1] = p1 * (dp[nt][2 * r + 1] - dlt[r]);
       }
     }
 

@@ -53,7 +53,7 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
   }
 }
 
-// Workspace layout (mma.sync path): [Delta][partials of d_mask_bias][partials of d_pair_bias],
+// Workspace layout: [row statistics][partials of d_mask_bias][partials of d_pair_bias],
 // each part 256-byte aligned.
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -64,7 +64,7 @@ struct WorkspaceLayout {
 
 WorkspaceLayout workspace_layout(const BwdParams& p) {
   WorkspaceLayout w{};
-  size_t offset = align256(delta_workspace_bytes(p));
+  size_t offset = align256(row_stats_bytes(p));
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
     const LaunchPlan plan = cuda::make_launch_plan(p, kTileM, kTileN);
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
@@ -94,7 +94,7 @@ cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_
 template <typename Element>
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, kTileM, kTileN);
-  if (cudaError_t e = cuda::run_delta<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
+  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
   switch (head_dim_bucket(p.D)) {
     case 16: return bwd_mma_hdim<Element, 16>(p, plan, stream);
     case 32: return bwd_mma_hdim<Element, 32>(p, plan, stream);
@@ -105,7 +105,7 @@ cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
 
 cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kSimtTile, cuda::kSimtTile);
-  if (cudaError_t e = cuda::run_delta<float>(p, false, stream)) return e;
+  if (cudaError_t e = cuda::run_row_stats<float>(p, false, stream)) return e;
   if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;

@@ -47,6 +47,19 @@ __device__ __forceinline__ void store_any(void* base, DType t, int64_t i, float 
   }
 }
 
+// Sum of every bias slot at one score, in natural units (element-wise path).
+__device__ __forceinline__ float bias_sum_at(const FwdParams& p, int64_t b, int64_t n, int64_t h,
+                                             int64_t i, int64_t j) {
+  float v = 0.0f;
+  for (int s = 0; s < kNumBiasSlots; ++s) {
+    const BiasParams& bp = p.bias[s];
+    if (bp.ptr == nullptr) continue;
+    const ScoreStrides& st = bp.stride;
+    v += load_any(bp.ptr, bp.dtype, b * st.b + n * st.n + h * st.h + i * st.q + j * st.k);
+  }
+  return v;
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }

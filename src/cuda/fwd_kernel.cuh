@@ -112,11 +112,13 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   k_copy.copy(myK, 0, p.Lk, p.D, plan.vec_k, group_tid);
   v_copy.copy(myV, 0, p.Lk, p.D, plan.vec_v, group_tid);
   cp_async_commit();
-  BiasTilePrefetch prefetch;
+  BiasTilePrefetch<Element> prefetch;
   if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, 0);
   KeyBiasPrefetch key_bias;
-  const bool key_filler = group_tid < kBlockN;
-  if (key_filler) key_bias.load(p, plan.key_slots, b, n, h, group_tid);
+  // 16 lanes of each of the group's 4 warps own one key each: balanced across warps.
+  const int key_slot = (warp % 4) * 16 + lane;
+  const bool key_filler = lane < 16;
+  if (key_filler) key_bias.load(p, plan.key_slots, b, n, h, key_slot);
 
   uint32_t q_frag[kKSteps][4];
   float acc_o[kDTiles][4];
@@ -129,18 +131,18 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     const int stage = kt & 1;
     // Biases of this tile into shared memory (the previous tile's readers passed a barrier).
     if (fast_tile) {
-      prefetch.store(myTile, kTileStride, fill, p.bias[plan.tile_fast_slot].dtype);
+      prefetch.store(myTile, kTileStride, fill);
     } else if (has_tile) {
       fill_bias_tile_generic(myTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
     }
-    if (key_filler) myKey[group_tid] = key_bias.value_log2(p, plan.key_slots);
+    if (key_filler) myKey[key_slot] = key_bias.value_log2(p, plan.key_slots);
     if (kt + 1 < plan.k_tiles) {
       const int next = stage ^ 1;
       k_copy.copy(myK + next * kBlockN * kRowStride, j0 + kBlockN, p.Lk, p.D, plan.vec_k, group_tid);
       v_copy.copy(myV + next * kBlockN * kRowStride, j0 + kBlockN, p.Lk, p.D, plan.vec_v, group_tid);
       cp_async_commit();
       if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, j0 + kBlockN);
-      if (key_filler) key_bias.load(p, plan.key_slots, b, n, h, j0 + kBlockN + group_tid);
+      if (key_filler) key_bias.load(p, plan.key_slots, b, n, h, j0 + kBlockN + key_slot);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -178,10 +180,11 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
         tb0 = *reinterpret_cast<const float2*>(myTile + (warp_row + g) * kTileStride + c);
         tb1 = *reinterpret_cast<const float2*>(myTile + (warp_row + g + 8) * kTileStride + c);
       }
-      s[nt][0] = fmaf(s[nt][0], p.scale_log2, kb.x + tb0.x);
-      s[nt][1] = fmaf(s[nt][1], p.scale_log2, kb.y + tb0.y);
-      s[nt][2] = fmaf(s[nt][2], p.scale_log2, kb.x + tb1.x);
-      s[nt][3] = fmaf(s[nt][3], p.scale_log2, kb.y + tb1.y);
+      // Key biases are stored times log2(e); the tile in natural units.
+      s[nt][0] = fmaf(tb0.x, kLog2e, fmaf(s[nt][0], p.scale_log2, kb.x));
+      s[nt][1] = fmaf(tb0.y, kLog2e, fmaf(s[nt][1], p.scale_log2, kb.y));
+      s[nt][2] = fmaf(tb1.x, kLog2e, fmaf(s[nt][2], p.scale_log2, kb.x));
+      s[nt][3] = fmaf(tb1.y, kLog2e, fmaf(s[nt][3], p.scale_log2, kb.y));
       tile_max[0] = fmaxf(tile_max[0], fmaxf(s[nt][0], s[nt][1]));
       tile_max[1] = fmaxf(tile_max[1], fmaxf(s[nt][2], s[nt][3]));
     }

@@ -20,9 +20,9 @@ template <typename Element, int kHeadDim>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream);
 
-// Delta = rowsum(dO * O) for every dtype (delta.cu).
+// The backward's row statistics (Delta, row max, row log-sum) for every dtype (row_stats.cu).
 template <typename Element>
-cudaError_t run_delta(const BwdParams& p, bool vec, cudaStream_t stream);
+cudaError_t run_row_stats(const BwdParams& p, bool vec, cudaStream_t stream);
 
 // float32 in IEEE arithmetic on the CUDA cores (simt_fp32.cu); tiles of 32 x 32.
 constexpr int kSimtTile = 32;

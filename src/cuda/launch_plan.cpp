@@ -51,7 +51,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
     ++num_tiles;
     plan.tile_shared_over_n = plan.tile_shared_over_n && b.stride.n == 0;
     const ScoreStrides& st = b.stride;
-    const bool fast = element_bytes(b.dtype) == 2 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
+    const bool fast = b.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
                       st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0 &&
                       reinterpret_cast<uintptr_t>(b.ptr) % 16 == 0;
     if (fast) plan.tile_fast_slot = s;

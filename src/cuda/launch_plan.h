@@ -16,7 +16,8 @@ struct LaunchPlan {
   bool pairs_o, pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
   uint32_t key_slots;        // bias slots with stride_q == 0: one value per key
   uint32_t tile_slots;       // bias slots that vary along Lq
-  int32_t tile_fast_slot;    // the only tile slot, prefetchable with 16-byte loads; or -1
+  int32_t tile_fast_slot;    // the only tile slot, in the input dtype, prefetchable with
+                             // 16-byte loads; or -1
   bool tile_shared_over_n;   // every tile slot has stride_n == 0 (the Evoformer pair bias)
   // Forward blocks take two work items: rows n, n + 1 of one q-tile (pair_over_n, when N > 1,
   // so they can share the pair-bias tile) or q-tiles 2i, 2i + 1 of one row. Q-tiles vary

@@ -1,9 +1,9 @@
-// The three Delta instantiations (tiny, memory-bound).
-#include "cuda/delta_kernel.cuh"
+// The three row-statistics instantiations (memory-bound, tiny).
 #include "cuda/kernels.h"
+#include "cuda/row_stats_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t run_delta<__half>(const BwdParams&, bool, cudaStream_t);
-template cudaError_t run_delta<__nv_bfloat16>(const BwdParams&, bool, cudaStream_t);
-template cudaError_t run_delta<float>(const BwdParams&, bool, cudaStream_t);
+template cudaError_t run_row_stats<__half>(const BwdParams&, bool, cudaStream_t);
+template cudaError_t run_row_stats<__nv_bfloat16>(const BwdParams&, bool, cudaStream_t);
+template cudaError_t run_row_stats<float>(const BwdParams&, bool, cudaStream_t);
 }  // namespace evoattn::cuda

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backend.h"
 #include "cuda/bwd_rows_kernel.cuh"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
@@ -24,19 +25,6 @@ constexpr size_t kTileBytes = kRows * kSmemStride * sizeof(float);
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-// Sum of every bias slot at one score, in natural units.
-__device__ __forceinline__ float bias_at(const FwdParams& p, int64_t b, int64_t n, int64_t h,
-                                         int64_t i, int64_t j) {
-  float v = 0.0f;
-  for (int s = 0; s < kNumBiasSlots; ++s) {
-    const BiasParams& bp = p.bias[s];
-    if (bp.ptr == nullptr) continue;
-    const ScoreStrides& st = bp.stride;
-    v += load_any(bp.ptr, bp.dtype, b * st.b + n * st.n + h * st.h + i * st.q + j * st.k);
-  }
-  return v;
 }
 
 __device__ __forceinline__ const float* seq_row(const void* base, const SeqStrides& s, int64_t b,
@@ -104,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(const __grid_constant__ F
     for (int jj = 0; jj < kRows; ++jj) {
       const int64_t j = j0 + jj;
       const float dot = quad_dot(q, sK + jj * kSmemStride, lane4);
-      s[jj] = j < p.Lk ? dot * p.scale + (valid ? bias_at(p, b, n, h, i, j) : 0.0f) : neg_inf();
+      s[jj] = j < p.Lk ? dot * p.scale + (valid ? bias_sum_at(p, b, n, h, i, j) : 0.0f) : neg_inf();
       tile_max = fmaxf(tile_max, s[jj]);
     }
     const float m_new = fmaxf(m, tile_max);
@@ -133,8 +121,9 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
   extern __shared__ float smem[];
   float* sQ = smem;
   float* sdO = sQ + kRows * kSmemStride;
-  float* sLse = sdO + kRows * kSmemStride;
-  float* sDelta = sLse + kRows;
+  float* sRowMax = sdO + kRows * kSmemStride;  // log2 units (row_stats_kernel)
+  float* sRowLogSum = sRowMax + kRows;
+  float* sDelta = sRowLogSum + kRows;
   const int lane4 = threadIdx.x % 4;
   int64_t blk = blockIdx.x;
   const int64_t k_tiles = (p.Lk + kRows - 1) / kRows;
@@ -143,6 +132,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
   const int64_t h = blk % p.H, n = blk / p.H % p.N, b = blk / (p.H * p.N);
   const bool valid = j < p.Lk;
   const float* delta = static_cast<const float*>(p.workspace) + ((b * p.N + n) * p.H + h) * p.Lq;
+  const float* row_max = delta + num_rows(p);
+  const float* row_log_sum = row_max + num_rows(p);
 
   float kr[kSlice], vr[kSlice], dk[kSlice], dv[kSlice];
   load_slice(kr, seq_row(p.k, p.k_stride, b, n, h, valid ? j : 0), p.k_stride.d, valid, p.D, lane4);
@@ -154,17 +145,16 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
     load_tile(sdO, p.d_o, p.do_stride, b, n, h, i0, p.Lq, p.D);
     if (threadIdx.x < kRows) {
       const int64_t i = i0 + threadIdx.x;
-      sLse[threadIdx.x] = i < p.Lq ? p.lse[b * p.lse_stride_b + n * p.lse_stride_n +
-                                           h * p.lse_stride_h + i * p.lse_stride_q]
-                                   : neg_inf();
+      sRowMax[threadIdx.x] = i < p.Lq ? row_max[i] : -neg_inf();
+      sRowLogSum[threadIdx.x] = i < p.Lq ? row_log_sum[i] : 0.0f;
       sDelta[threadIdx.x] = i < p.Lq ? delta[i] : 0.0f;
     }
     __syncthreads();
     for (int ii = 0; ii < kRows && i0 + ii < p.Lq; ++ii) {
       const float* q = sQ + ii * kSmemStride;
       const float* d_o = sdO + ii * kSmemStride;
-      const float s = quad_dot(kr, q, lane4) * p.scale + (valid ? bias_at(p, b, n, h, i0 + ii, j) : 0.0f);
-      const float pr = sLse[ii] == neg_inf() ? 0.0f : expf(s - sLse[ii]);
+      const float s = quad_dot(kr, q, lane4) * p.scale + (valid ? bias_sum_at(p, b, n, h, i0 + ii, j) : 0.0f);
+      const float pr = exp2f((s * kLog2e - sRowMax[ii]) - sRowLogSum[ii]);
       const float ds = pr * (quad_dot(vr, d_o, lane4) - sDelta[ii]);
       for (int k = 0; k < kSlice; ++k) {
         dv[k] += pr * d_o[lane4 + 4 * k];
@@ -193,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
   float q[kSlice], d_o[kSlice], dq[kSlice], acc[kRows / 4];
   for (int k = 0; k < kSlice; ++k) dq[k] = 0.0f;
   for (int e = 0; e < kRows / 4; ++e) acc[e] = 0.0f;
-  float lse = 0.0f, dlt = 0.0f;
+  float row_max = 0.0f, row_log_sum = 0.0f, dlt = 0.0f;
   const TileCoord out = rows_coord(task, p, plan, blockIdx.x, 0);
   TileCoord prev{-1, -1, -1, -1, -1};
   for (int64_t it = 0; it < task.iters; ++it) {
@@ -204,10 +194,10 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t ii = valid ? i : 0;
       load_slice(q, seq_row(p.q, p.q_stride, c.b, c.n, c.h, ii), p.q_stride.d, valid, p.D, lane4);
       load_slice(d_o, seq_row(p.d_o, p.do_stride, c.b, c.n, c.h, ii), p.do_stride.d, valid, p.D, lane4);
-      lse = valid ? p.lse[c.b * p.lse_stride_b + c.n * p.lse_stride_n + c.h * p.lse_stride_h +
-                          i * p.lse_stride_q]
-                  : neg_inf();
-      dlt = valid ? static_cast<const float*>(p.workspace)[((c.b * p.N + c.n) * p.H + c.h) * p.Lq + i] : 0.0f;
+      const float* stats = static_cast<const float*>(p.workspace) + ((c.b * p.N + c.n) * p.H + c.h) * p.Lq + i;
+      row_max = valid ? stats[num_rows(p)] : -neg_inf();
+      row_log_sum = valid ? stats[2 * num_rows(p)] : 0.0f;
+      dlt = valid ? stats[0] : 0.0f;
     }
     prev = c;
     __syncthreads();
@@ -220,8 +210,9 @@ __global__ void __launch_bounds__(kThreads)
       const float s = quad_dot(q, kr, lane4) * p.scale;
       const float dp = quad_dot(d_o, sV + jj * kSmemStride, lane4);
       float ds = 0.0f;
-      if (valid && j < p.Lk && lse != neg_inf()) {
-        ds = expf(s + bias_at(p, c.b, c.n, c.h, i, j) - lse) * (dp - dlt);
+      if (valid && j < p.Lk) {
+        const float x = (s + bias_sum_at(p, c.b, c.n, c.h, i, j)) * kLog2e;
+        ds = exp2f((x - row_max) - row_log_sum) * (dp - dlt);
       }
       if (want_dq) {
         for (int k = 0; k < kSlice; ++k) dq[k] += ds * kr[lane4 + 4 * k];

@@ -2,7 +2,7 @@
 list(APPEND EVOATTN_SOURCES
   cuda/dispatch.cu
   cuda/launch_plan.cpp
-  cuda/delta.cu
+  cuda/row_stats.cu
   cuda/simt_fp32.cu
   cuda/instantiations/fwd_fp16_hdim16.cu
   cuda/instantiations/fwd_fp16_hdim32.cu

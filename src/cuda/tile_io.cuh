@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
@@ -129,7 +130,7 @@ struct KeyBiasPrefetch {
   }
 };
 
-// The [64 queries x 64 keys] float bias tile, times log2(e), is filled cooperatively: each
+// The [64 queries x 64 keys] float bias tile (natural units) is filled cooperatively: each
 // thread owns `units` rows (32 apart) of 16 consecutive keys. 256 threads fill a tile with one
 // unit each (a tile two groups share), 128 threads with two.
 struct BiasFill {
@@ -141,8 +142,9 @@ __device__ __forceinline__ BiasFill bias_fill_slice(bool shared_tile, int tid, i
   return BiasFill{t / 4, (t % 4) * 16, shared_tile ? 1 : 2};
 }
 
-// The fast tile path: one 2-byte bias with unit key stride and 16-byte aligned rows. The raw
+// The fast tile path: one bias of the input dtype with unit key stride and 16-byte aligned rows. The raw
 // bytes are fetched one tile ahead into registers and converted after the tile's math.
+template <typename Element>
 struct BiasTilePrefetch {
   uint4 raw[2][2];
 
@@ -164,7 +166,8 @@ struct BiasTilePrefetch {
     }
   }
 
-  __device__ __forceinline__ void store(float* tile, int stride, const BiasFill& f, DType dt) const {
+  // Converts to float (natural units; the kernels fold in log2(e)) and stores 16 per unit.
+  __device__ __forceinline__ void store(float* tile, int stride, const BiasFill& f) const {
     for (int u = 0; u < 2; ++u) {
       if (u >= f.units) break;
       float* dst = tile + (f.row + 32 * u) * stride + f.col0;
@@ -172,20 +175,17 @@ struct BiasTilePrefetch {
         const uint32_t w[4] = {raw[u][half].x, raw[u][half].y, raw[u][half].z, raw[u][half].w};
         float v[8];
         for (int e = 0; e < 4; ++e) {
-          if (dt == DType::kBF16) {
+          if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
             v[2 * e] = __uint_as_float(w[e] << 16);
             v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
           } else {
-            const __half2 h2 = *reinterpret_cast<const __half2*>(&w[e]);
-            const float2 f2 = __half22float2(h2);
+            const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w[e]));
             v[2 * e] = f2.x;
             v[2 * e + 1] = f2.y;
           }
         }
-        for (int e = 0; e < 8; e += 4) {
-          *reinterpret_cast<float4*>(dst + 8 * half + e) =
-              make_float4(v[e] * kLog2e, v[e + 1] * kLog2e, v[e + 2] * kLog2e, v[e + 3] * kLog2e);
-        }
+        *reinterpret_cast<float4*>(dst + 8 * half) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(dst + 8 * half + 4) = make_float4(v[4], v[5], v[6], v[7]);
       }
     }
   }
@@ -211,7 +211,7 @@ __device__ __forceinline__ void fill_bias_tile_generic(float* tile, int stride, 
                             j * bp.stride.k);
         }
       }
-      tile[r * stride + f.col0 + c] = v * kLog2e;
+      tile[r * stride + f.col0 + c] = v;
     }
   }
 }

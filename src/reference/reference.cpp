@@ -67,6 +67,7 @@ struct Problem {
     std::vector<double> s(Lk);
     for (int64_t i = 0; i < Lq; ++i) {
       double m = -kInf;
+      bool nan = false;
       for (int64_t j = 0; j < Lk; ++j) {
         double dot = 0.0;
         for (int64_t d = 0; d < D; ++d) dot += at(*in.q, {b, n, i, h, d}) * at(*in.k, {b, n, j, h, d});
@@ -74,6 +75,12 @@ struct Problem {
         if (precision == Precision::kFloat32Scores) x = static_cast<float>(x);
         s[j] = x;
         m = std::fmax(m, x);
+        nan = nan || std::isnan(x);
+      }
+      if (nan) {  // IEEE: a NaN score makes the whole row NaN
+        for (int64_t j = 0; j < Lk; ++j) P[i * Lk + j] = std::nan("");
+        lse[i] = std::nan("");
+        continue;
       }
       if (m == -kInf) continue;  // fully masked row: P = 0, LSE = -inf
       double sum = 0.0;

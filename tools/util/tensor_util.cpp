@@ -163,7 +163,9 @@ Tensor Tensor::to(evoattn_device_type_t device, int ordinal) const {
   t.buffer = Buffer(buffer.bytes(), device, ordinal);
   t.buffer.copy_from(buffer);
   t.view = view;
-  t.view.data = t.buffer.data();
+  // Same layout: the view keeps its offset into the buffer.
+  const ptrdiff_t offset = static_cast<const char*>(view.data) - static_cast<const char*>(buffer.data());
+  t.view.data = static_cast<char*>(t.buffer.data()) + offset;
   t.view.device = device;
   t.view.device_ordinal = ordinal;
   return t;

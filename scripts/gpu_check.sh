@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The one GPU-machine run: build (CUDA, all cores), the whole test suite with the GPU tests
+# live, compute-sanitizer memcheck + racecheck on a reduced GPU grid, and the SPEC benchmark
+# suite. Results go to $OUT (the device tool's folder) or ./gpu-results.
+#   usage: scripts/gpu_check.sh [all|build|test|sanitize|bench]...   (default: all)
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-results}
+mkdir -p "$OUT"
+BUILD=${BUILD:-/tmp/evoattn-gpu-build}
+steps=${*:-all}
+want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
+status=0
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+if want build || want test || want sanitize || want bench; then
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVOATTN_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  cmake --build "$BUILD" -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+  echo "build: ok"
+fi
+
+if want test; then
+  (cd "$BUILD" && ctest -j4 --output-on-failure --timeout 600) > "$OUT/ctest.log" 2>&1 || status=1
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Exception" "$OUT/ctest.log" | head -40
+fi
+
+if want sanitize; then
+  # A reduced GPU grid: the cuda instances of the forward/backward grid and the mask tests.
+  tests="$BUILD/tests/cpp/evoattn_tests"
+  filter='*cuda_bf16*Lq17*:*cuda_fp16*Lq2Lk2*:*cuda_fp32*Lq17Lk17*'
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" --gtest_filter="$filter" \
+      > "$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    echo "compute-sanitizer $tool: rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/sanitizer_$tool.log") tests, $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+    [ $rc -eq 0 ] || status=1
+  done
+fi
+
+if want bench; then
+  rm -f "$OUT/bench.csv"
+  "$BUILD/tools/cli/evoattn" bench --suite --backend cuda --dtype bf16 --csv "$OUT/bench.csv" \
+    > "$OUT/bench.txt" 2>&1 || status=1
+  cat "$OUT/bench.txt"
+fi
+exit $status
