@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
         const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
         // Key biases are stored times log2(e); the tile in natural units.
         const float tile = has_tile ? sTile[query * kTileStride + key] : 0.0f;
-        const float x = fmaf(tile, kLog2e, fmaf(s[nt][e], p.scale_log2, key_bias[e / 2]));
+        const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
         const float prob = exp2_approx((x - sRowMax[query]) - sRowLogSum[query]);
         s[nt][e] = prob;
         dp[nt][e] = prob * (dp[nt][e] - dlt[query]);

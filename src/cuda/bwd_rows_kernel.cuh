@@ -222,8 +222,8 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
         const float2 tb = has_tile ? *reinterpret_cast<const float2*>(
                                          sTile + (warp_row + g + 8 * r) * kTileStride + c)
                                    : make_float2(0.0f, 0.0f);
-        const float x0 = fmaf(tb.x, kLog2e, fmaf(s[nt][2 * r], p.scale_log2, kb.x));
-        const float x1 = fmaf(tb.y, kLog2e, fmaf(s[nt][2 * r + 1], p.scale_log2, kb.y));
+        const float x0 = score_log2(s[nt][2 * r], p.scale_log2, kb.x, tb.x);
+        const float x1 = score_log2(s[nt][2 * r + 1], p.scale_log2, kb.y, tb.y);
         const float p0 = exp2_approx((x0 - row_max[r]) - row_log_sum[r]);
         const float p1 = exp2_approx((x1 - row_max[r]) - row_log_sum[r]);
         dp[nt][2 * r] = p0 * (dp[nt][2 * r] - dlt[r]);  // dS

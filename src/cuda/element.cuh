@@ -47,20 +47,29 @@ __device__ __forceinline__ void store_any(void* base, DType t, int64_t i, float 
   }
 }
 
-// Sum of every bias slot at one score, in natural units (element-wise path).
-__device__ __forceinline__ float bias_sum_at(const FwdParams& p, int64_t b, int64_t n, int64_t h,
-                                             int64_t i, int64_t j) {
-  float v = 0.0f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Biases at one score split as the tiled kernels see them: key biases (slots with stride_q == 0)
+// and tile biases (the rest), each summed in slot order, natural units.
+__device__ __forceinline__ void bias_split_at(const FwdParams& p, int64_t b, int64_t n, int64_t h,
+                                              int64_t i, int64_t j, float* key, float* tile) {
+  *key = 0.0f;
+  *tile = 0.0f;
   for (int s = 0; s < kNumBiasSlots; ++s) {
     const BiasParams& bp = p.bias[s];
     if (bp.ptr == nullptr) continue;
     const ScoreStrides& st = bp.stride;
-    v += load_any(bp.ptr, bp.dtype, b * st.b + n * st.n + h * st.h + i * st.q + j * st.k);
+    const float v = load_any(bp.ptr, bp.dtype, b * st.b + n * st.n + h * st.h + i * st.q + j * st.k);
+    *(st.q == 0 ? key : tile) += v;
   }
-  return v;
 }
 
-constexpr float kLog2e = 1.4426950408889634f;
+// The log2-domain score x = (S scale + key bias + tile bias) log2(e), computed the one way every
+// CUDA kernel and the row statistics share: near a -1e9 bias the float grid is 128 wide, and
+// the backward's P = 2^(x - row_max) is only right if x rounds exactly as row_max did.
+__device__ __forceinline__ float score_log2(float dot, float scale_log2, float key_log2, float tile) {
+  return fmaf(tile, kLog2e, fmaf(dot, scale_log2, key_log2));
+}
 constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 

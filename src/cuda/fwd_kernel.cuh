@@ -181,10 +181,10 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
         tb1 = *reinterpret_cast<const float2*>(myTile + (warp_row + g + 8) * kTileStride + c);
       }
       // Key biases are stored times log2(e); the tile in natural units.
-      s[nt][0] = fmaf(tb0.x, kLog2e, fmaf(s[nt][0], p.scale_log2, kb.x));
-      s[nt][1] = fmaf(tb0.y, kLog2e, fmaf(s[nt][1], p.scale_log2, kb.y));
-      s[nt][2] = fmaf(tb1.x, kLog2e, fmaf(s[nt][2], p.scale_log2, kb.x));
-      s[nt][3] = fmaf(tb1.y, kLog2e, fmaf(s[nt][3], p.scale_log2, kb.y));
+      s[nt][0] = score_log2(s[nt][0], p.scale_log2, kb.x, tb0.x);
+      s[nt][1] = score_log2(s[nt][1], p.scale_log2, kb.y, tb0.y);
+      s[nt][2] = score_log2(s[nt][2], p.scale_log2, kb.x, tb1.x);
+      s[nt][3] = score_log2(s[nt][3], p.scale_log2, kb.y, tb1.y);
       tile_max[0] = fmaxf(tile_max[0], fmaxf(s[nt][0], s[nt][1]));
       tile_max[1] = fmaxf(tile_max[1], fmaxf(s[nt][2], s[nt][3]));
     }

@@ -67,8 +67,10 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
   float m = neg_inf(), l = 0.0f, w = 0.0f;
   for (int64_t j = 0; j < p.Lk; ++j) {
     const Element* k = seq_row_ptr<Element>(p.k, p.k_stride, b, n, h, j);
-    const float x = fmaf(row_dot(q, p.q_stride.d, k, p.k_stride.d, p.D), p.scale_log2,
-                         bias_sum_at(p, b, n, h, i, j) * kLog2e);
+    float key, tile;
+    bias_split_at(p, b, n, h, i, j, &key, &tile);
+    const float x = score_log2(row_dot(q, p.q_stride.d, k, p.k_stride.d, p.D), p.scale_log2,
+                               key * kLog2e, tile);
     if (x == neg_inf()) continue;
     if (x > m) {
       const float alpha = exp2f(m - x);

@@ -1,7 +1,8 @@
 // float32 kernels in IEEE arithmetic on the CUDA cores (no tensor cores, so no TF32 rounding),
 // for any strides and any D <= 128. A quad of 4 threads owns one row (query or key); thread
 // `lane4` of the quad holds elements d = lane4 + 4k of that row, so a dot product is a
-// partial sum and two shuffles. Tiles of 32 rows and 32 keys; natural-log exponentials (expf).
+// partial sum and two shuffles. Tiles of 32 rows and 32 keys; scores in the log2 domain as every
+// CUDA kernel computes them (score_log2), exponentials by exp2f.
 //
 //   fwd  : block (b, n, h, 32 queries); online softmax over key tiles held in shared memory
 //   dkdv : block (b, n, h, 32 keys);    loop over query tiles: dV += P dO, dK += dS Q
@@ -92,16 +93,18 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(const __grid_constant__ F
     for (int jj = 0; jj < kRows; ++jj) {
       const int64_t j = j0 + jj;
       const float dot = quad_dot(q, sK + jj * kSmemStride, lane4);
-      s[jj] = j < p.Lk ? dot * p.scale + (valid ? bias_sum_at(p, b, n, h, i, j) : 0.0f) : neg_inf();
+      float key = 0.0f, tile = 0.0f;
+      if (valid && j < p.Lk) bias_split_at(p, b, n, h, i, j, &key, &tile);
+      s[jj] = j < p.Lk ? score_log2(dot, p.scale_log2, key * kLog2e, tile) : neg_inf();
       tile_max = fmaxf(tile_max, s[jj]);
     }
     const float m_new = fmaxf(m, tile_max);
     const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // all masked so far: avoid -inf - -inf
-    const float alpha = expf(m - m_use);
+    const float alpha = exp2f(m - m_use);
     l *= alpha;
     for (int k = 0; k < kSlice; ++k) acc[k] *= alpha;
     for (int jj = 0; jj < kRows; ++jj) {
-      const float pr = expf(s[jj] - m_use);
+      const float pr = exp2f(s[jj] - m_use);
       l += pr;
       for (int k = 0; k < kSlice; ++k) acc[k] += pr * sV[jj * kSmemStride + lane4 + 4 * k];
     }
@@ -113,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(const __grid_constant__ F
   store_slice(acc, o, p.o_stride.d, p.D, lane4, l == 0.0f ? 0.0f : 1.0f / l);
   if (lane4 == 0 && p.lse != nullptr) {
     p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q] =
-        l == 0.0f ? neg_inf() : (m == neg_inf() ? 0.0f : m) + logf(l);
+        l == 0.0f ? neg_inf() : ((m == neg_inf() ? 0.0f : m) + log2f(l)) * kLn2;
   }
 }
 
@@ -153,8 +156,10 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
     for (int ii = 0; ii < kRows && i0 + ii < p.Lq; ++ii) {
       const float* q = sQ + ii * kSmemStride;
       const float* d_o = sdO + ii * kSmemStride;
-      const float s = quad_dot(kr, q, lane4) * p.scale + (valid ? bias_sum_at(p, b, n, h, i0 + ii, j) : 0.0f);
-      const float pr = exp2f((s * kLog2e - sRowMax[ii]) - sRowLogSum[ii]);
+      float key = 0.0f, tile = 0.0f;
+      if (valid) bias_split_at(p, b, n, h, i0 + ii, j, &key, &tile);
+      const float x = score_log2(quad_dot(kr, q, lane4), p.scale_log2, key * kLog2e, tile);
+      const float pr = exp2f((x - sRowMax[ii]) - sRowLogSum[ii]);
       const float ds = pr * (quad_dot(vr, d_o, lane4) - sDelta[ii]);
       for (int k = 0; k < kSlice; ++k) {
         dv[k] += pr * d_o[lane4 + 4 * k];
@@ -207,11 +212,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int jj = 0; jj < kRows; ++jj) {
       const int64_t j = j0 + jj;
       const float* kr = sK + jj * kSmemStride;
-      const float s = quad_dot(q, kr, lane4) * p.scale;
+      const float dot = quad_dot(q, kr, lane4);
       const float dp = quad_dot(d_o, sV + jj * kSmemStride, lane4);
       float ds = 0.0f;
       if (valid && j < p.Lk) {
-        const float x = (s + bias_sum_at(p, c.b, c.n, c.h, i, j)) * kLog2e;
+        float key, tile;
+        bias_split_at(p, c.b, c.n, c.h, i, j, &key, &tile);
+        const float x = score_log2(dot, p.scale_log2, key * kLog2e, tile);
         ds = exp2f((x - row_max) - row_log_sum) * (dp - dlt);
       }
       if (want_dq) {
