@@ -153,6 +153,13 @@ class LeadingDims {
     return ffi::Error::Success();
   }
 
+  // When folded, a bias broadcast over the folded dims whose gradient is per folded index (an
+  // unbatched bias differentiated under vmap) takes the full size with stride 0, so that the
+  // library computes one gradient per index instead of their sum.
+  void match_gradient(size_t bias, size_t grad) {
+    if (folded_ && fold_size_[grad] != fold_size_[bias]) fold_size_[bias] = fold_size_[grad];
+  }
+
   int64_t iterations() const {
     if (folded_) return 1;
     int64_t n = 1;
@@ -345,8 +352,10 @@ ffi::Error backward_impl(const Device& dev, Alloc&& allocate, ffi::RemainingArgs
   for (int s = 0; s < 2; ++s)
     if (need[s]) dslot_of[s] = static_cast<int>(bufs.size()), bufs.push_back(&dbias[s]);
   if (any_empty(bufs)) return ffi::Error::Success();
-  const LeadingDims lead(bufs, extra);
+  LeadingDims lead(bufs, extra);
   if (auto e = lead.check(); e.failure()) return e;
+  for (int s = 0; s < 2; ++s)
+    if (need[s]) lead.match_gradient(slot_of[s], dslot_of[s]);
 
   const evoattn_options_t opt = options_of(c);
   void* workspace = nullptr;

@@ -260,8 +260,9 @@ def test_opcheck_forward_and_backward():
                            pb.detach(), None, None, True, False, True, True))
 
 
-def test_torch_compile_fullgraph():
-    q, k, v, mb, pb = _op_args()
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    q, k, v, mb, pb = (t.detach().to(device).requires_grad_() for t in _op_args())
 
     def f(q, k, v, mb, pb):
         o = et.evoformer_attention(q, k, v, mask_bias=mb, pair_bias=pb)
