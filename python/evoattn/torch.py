@@ -45,16 +45,15 @@ def _view(t: Optional[Tensor], name: str):
             f"evoattn: argument '{name}': dtype {t.dtype} is not supported; expected "
             "torch.float16, torch.bfloat16 or torch.float32 (torch.bool for 'mask')"
         )
-    if t.device.type == "cpu":
+    if t.is_cuda:
+        device, ordinal = _C.DEVICE_CUDA, t.get_device()
+    elif t.is_cpu:
         device, ordinal = _C.DEVICE_CPU, 0
-    elif t.device.type == "cuda":
-        device = _C.DEVICE_CUDA
-        ordinal = t.device.index if t.device.index is not None else torch.cuda.current_device()
     else:
         raise ValueError(
             f"evoattn: argument '{name}': tensors on '{t.device}' are not supported (cpu or cuda)"
         )
-    return (t.data_ptr(), code, device, ordinal, tuple(t.shape), tuple(t.stride()))
+    return (t.data_ptr(), code, device, ordinal, t.shape, t.stride())
 
 
 def _stream_and_threads(device: torch.device):
