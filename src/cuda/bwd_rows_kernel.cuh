@@ -141,7 +141,13 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   load_row_stats(cur);
 
   int q_stage = 0, kv_stage = 0;
-  bool fresh_q = true;
+  bool fresh_q = true, fresh_tile = true;
+  // Whether the bias tile of `next` differs from `cur`'s (the pair bias over an n loop: never).
+  auto tile_changes = [&](const TileCoord& a, const TileCoord& c) {
+    return a.qt != c.qt || (plan.tile_varies_b && a.b != c.b) ||
+           (!plan.tile_shared_over_n && a.n != c.n) || (plan.tile_varies_h && a.h != c.h) ||
+           (plan.tile_varies_k && a.kt != c.kt);
+  };
   uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
   float row_max[2], row_log_sum[2], dlt[2];
   float acc_dq[kDTiles][4], acc[kNTiles][4];
@@ -152,23 +158,26 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
 
   for (int64_t it = it_begin; it < it_end; ++it) {
     const int64_t i0 = cur.qt * kBlockM, j0 = cur.kt * kBlockN;
-    if (fast_tile) {
-      prefetch.store(sTile, kTileStride, fill);
-    } else if (has_tile) {
-      fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, i0, j0);
+    if (fresh_tile) {
+      if (fast_tile) {
+        prefetch.store(sTile, kTileStride, fill);
+      } else if (has_tile) {
+        fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, i0, j0);
+      }
     }
     if (key_filler) sKey[tid] = key_bias.value_log2(p, plan.key_slots);
     TileCoord next = cur;
-    bool next_q = false, next_kv = false;
+    bool next_q = false, next_kv = false, next_tile = false;
     if (it + 1 < it_end) {
       next = rows_next(task, p, plan, cur);
       const bool same_bnh = next.b == cur.b && next.n == cur.n && next.h == cur.h;
       next_q = !(same_bnh && next.qt == cur.qt);
       next_kv = !(same_bnh && next.kt == cur.kt);
+      next_tile = tile_changes(next, cur);
       if (next_q) load_q(next, q_stage ^ 1);
       if (next_kv) load_kv(next, kv_stage ^ 1);
       cp_async_commit();
-      if (fast_tile) {
+      if (fast_tile && next_tile) {
         prefetch.load(p, plan, fill, next.b, next.n, next.h, next.qt * kBlockM, next.kt * kBlockN);
       }
       if (key_filler) key_bias.load(p, plan.key_slots, next.b, next.n, next.h, next.kt * kBlockN + tid);
@@ -254,6 +263,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     if (next_q) q_stage ^= 1;
     if (next_kv) kv_stage ^= 1;
     fresh_q = next_q;
+    fresh_tile = next_tile;
     cur = next;
   }
 

@@ -19,6 +19,9 @@ struct LaunchPlan {
   int32_t tile_fast_slot;    // the only tile slot, in the input dtype, prefetchable with
                              // 16-byte loads; or -1
   bool tile_shared_over_n;   // every tile slot has stride_n == 0 (the Evoformer pair bias)
+  // Whether the tile changes with b, h or the key tile (it always does with the query tile;
+  // with n unless tile_shared_over_n).
+  bool tile_varies_b, tile_varies_h, tile_varies_k;
   // Forward blocks take two work items: rows n, n + 1 of one q-tile (pair_over_n, when N > 1,
   // so they can share the pair-bias tile) or q-tiles 2i, 2i + 1 of one row. Q-tiles vary
   // fastest across blocks, so blocks reading the same K and V run together and hit L2.
