@@ -6,7 +6,7 @@
 The forward and backward are typed XLA custom calls ("evoattn_forward", "evoattn_backward")
 whose C++ handlers live in the evoattn._C extension, registered here for the platforms "cpu"
 and "CUDA" (jax.ffi.register_ffi_target). They run on XLA's stream; the backward workspace
-comes from XLA's scratch allocator (host memory on the CPU).
+is an extra uint8 result buffer sized at trace time, so XLA owns every byte.
 
 - Gradients: jax.custom_vjp for q, k, v and each bias, in the bias's dtype and shape (its
   broadcast dims summed). With symbolic zeros, a bias gradient is only computed when the bias
@@ -73,7 +73,7 @@ def _row_major_strides(shape):
     return tuple(reversed(strides))
 
 
-def _abstract_view(x, name, seq_layout=None):
+def _abstract_view(x, name, seq_layout=None, device=None):
     if x is None:
         return None
     code = _DTYPE_CODES.get(np.dtype(x.dtype))
@@ -84,7 +84,7 @@ def _abstract_view(x, name, seq_layout=None):
     if seq_layout == 1 and len(sizes) == 5:  # memory [B, N, H, L, D] seen as [B, N, L, H, D]
         sizes[2], sizes[3] = sizes[3], sizes[2]
         strides[2], strides[3] = strides[3], strides[2]
-    return (0, code, _C.DEVICE_CPU, 0, tuple(sizes), tuple(strides))
+    return (0, code, _C.DEVICE_CPU if device is None else device, 0, tuple(sizes), tuple(strides))
 
 
 def _validate(q, k, v, mask_bias, pair_bias, mask, static):
@@ -135,6 +135,28 @@ def _ffi_forward(q, k, v, mask_bias, pair_bias, mask, static):
                 **_attrs(static, mask_bias, pair_bias, mask))
 
 
+def _workspace_bytes(q, k, v, mask_bias, pair_bias, mask, static, need_d_mask_bias,
+                     need_d_pair_bias):
+    """Backward workspace of one library call (the trailing 5 dims; leading ones are looped or
+    folded by the handler). Asked as for CUDA tensors: never less than the CPU backend needs."""
+    layout, scale, deterministic, allow_tf32 = static
+    extra = q.ndim - 5
+
+    def view(x, name, rank, seq=False):
+        if x is None:
+            return None
+        trailing = jax.ShapeDtypeStruct(x.shape[x.ndim - rank:], x.dtype)
+        return _abstract_view(trailing, name, layout if seq else None, _C.DEVICE_CUDA)
+
+    return _C.backward_workspace_size(
+        view(q, "q", 5, True), view(k, "k", 5, True), view(v, "v", 5, True),
+        view(mask_bias, "mask_bias", 5), view(pair_bias, "pair_bias", 5),
+        view(mask, "mask", mask.ndim - extra if mask is not None else 0),
+        view(mask_bias if need_d_mask_bias else None, "d_mask_bias", 5),
+        view(pair_bias if need_d_pair_bias else None, "d_pair_bias", 5),
+        scale, deterministic, allow_tf32)
+
+
 def _ffi_backward(d_o, q, k, v, o, lse, mask_bias, pair_bias, mask, static, need_d_mask_bias,
                   need_d_pair_bias):
     results = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in (q, k, v)]
@@ -142,10 +164,15 @@ def _ffi_backward(d_o, q, k, v, o, lse, mask_bias, pair_bias, mask, static, need
         results.append(jax.ShapeDtypeStruct(mask_bias.shape, mask_bias.dtype))
     if need_d_pair_bias:
         results.append(jax.ShapeDtypeStruct(pair_bias.shape, pair_bias.dtype))
+    # The workspace is one more result buffer, sized at trace time: XLA owns it, so the handler
+    # allocates nothing (and nothing depends on a scratch allocator's limits).
+    ws = _workspace_bytes(q, k, v, mask_bias, pair_bias, mask, static, need_d_mask_bias,
+                          need_d_pair_bias)
+    results.append(jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
     call = jax.ffi.ffi_call("evoattn_backward", tuple(results), vmap_method="expand_dims")
     out = list(call(*_operands(d_o, q, k, v, o, lse, mask_bias, pair_bias, mask),
                     **_attrs(static, mask_bias, pair_bias, mask, need_d_mask_bias,
-                             need_d_pair_bias)))
+                             need_d_pair_bias)))[:-1]
     dq, dk, dv = out[:3]
     d_mask_bias = out.pop(3) if need_d_mask_bias else None
     d_pair_bias = out.pop(3) if need_d_pair_bias else None

@@ -295,17 +295,10 @@ ffi::Error forward_impl(const Device& dev, ffi::RemainingArgs args, ffi::Remaini
   return ffi::Error::Success();
 }
 
-// Host memory for the CPU backend's workspace (the CPU backend runs synchronously).
-struct HostWorkspace {
-  void* ptr = nullptr;
-  ~HostWorkspace() {
-    if (ptr) ::operator delete(ptr, std::align_val_t(64));
-  }
-};
-
-template <typename Alloc>
-ffi::Error backward_impl(const Device& dev, Alloc&& allocate, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets, const FfiConfig& c) {
+// Results: dq, dk, dv, the requested bias gradients, then the workspace (a uint8 buffer the
+// Python side sized with evoattn_backward_workspace_size at trace time).
+ffi::Error backward_impl(const Device& dev, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                         const FfiConfig& c) {
   // Operands: d_o, q, k, v, o, lse, then the present biases.
   const int extra = extra_dims_of(args, 1);
   if (extra < 0) return bad("argument 'q': expected rank >= 5");
@@ -344,6 +337,10 @@ ffi::Error backward_impl(const Device& dev, Alloc&& allocate, ffi::RemainingArgs
     if (r.has_error()) return r.error();
     if (auto e = make_buf(*r.value(), 5, extra, false, dnames[s], &dbias[s]); e.failure()) return e;
   }
+  auto ws = rets.get<ffi::AnyBuffer>(next_ret);
+  if (ws.has_error()) return ws.error();
+  void* workspace = ws.value()->untyped_data();
+  const size_t workspace_capacity = ws.value()->size_bytes();
 
   std::vector<Buf*> bufs = {&d_o, &q, &k, &v, &o, &lse, &dq, &dk, &dv};
   int slot_of[3] = {-1, -1, -1}, dslot_of[2] = {-1, -1};
@@ -358,7 +355,6 @@ ffi::Error backward_impl(const Device& dev, Alloc&& allocate, ffi::RemainingArgs
     if (need[s]) lead.match_gradient(slot_of[s], dslot_of[s]);
 
   const evoattn_options_t opt = options_of(c);
-  void* workspace = nullptr;
   size_t workspace_bytes = 0;
   for (int64_t it = 0; it < lead.iterations(); ++it) {
     evoattn_tensor_t t[14];
@@ -372,13 +368,11 @@ ffi::Error backward_impl(const Device& dev, Alloc&& allocate, ffi::RemainingArgs
           &t[1], &t[2], &t[3], slot(0), slot(1), slot(2), dslot(0), dslot(1), &opt,
           &workspace_bytes);
       if (st != EVOATTN_SUCCESS) return status_error(st);
-      if (workspace_bytes > 0) {
-        workspace = allocate(workspace_bytes);
-        if (workspace == nullptr) {
-          return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                            "evoattn (XLA FFI): could not allocate " +
-                                std::to_string(workspace_bytes) + " bytes of workspace");
-        }
+      if (workspace_bytes > workspace_capacity) {
+        return ffi::Error(ffi::ErrorCode::kInternal,
+                          "evoattn (XLA FFI): workspace result of " +
+                              std::to_string(workspace_capacity) + " bytes, " +
+                              std::to_string(workspace_bytes) + " needed");
       }
     }
     const evoattn_status_t st = evoattn_backward(
@@ -394,12 +388,7 @@ ffi::Error forward_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, FfiConf
 }
 
 ffi::Error backward_cpu(ffi::RemainingArgs args, ffi::RemainingRets rets, FfiConfig c) {
-  HostWorkspace host;
-  auto allocate = [&](size_t bytes) {
-    host.ptr = ::operator new(bytes, std::align_val_t(64), std::nothrow);
-    return host.ptr;
-  };
-  return backward_impl(Device{EVOATTN_DEVICE_CPU, 0, nullptr}, allocate, args, rets, c);
+  return backward_impl(Device{EVOATTN_DEVICE_CPU, 0, nullptr}, args, rets, c);
 }
 
 ffi::Error forward_cuda(void* stream, int32_t ordinal, ffi::RemainingArgs args,
@@ -407,15 +396,9 @@ ffi::Error forward_cuda(void* stream, int32_t ordinal, ffi::RemainingArgs args,
   return forward_impl(Device{EVOATTN_DEVICE_CUDA, ordinal, stream}, args, rets, c);
 }
 
-// The workspace comes from XLA's scratch allocator (device memory owned by XLA, released after
-// the handler returns; XLA orders its reuse on the same stream).
-ffi::Error backward_cuda(void* stream, int32_t ordinal, ffi::ScratchAllocator scratch,
-                         ffi::RemainingArgs args, ffi::RemainingRets rets, FfiConfig c) {
-  auto allocate = [&](size_t bytes) -> void* {
-    std::optional<void*> p = scratch.Allocate(bytes, 256);
-    return p.has_value() ? *p : nullptr;
-  };
-  return backward_impl(Device{EVOATTN_DEVICE_CUDA, ordinal, stream}, allocate, args, rets, c);
+ffi::Error backward_cuda(void* stream, int32_t ordinal, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets, FfiConfig c) {
+  return backward_impl(Device{EVOATTN_DEVICE_CUDA, ordinal, stream}, args, rets, c);
 }
 
 }  // namespace
@@ -435,7 +418,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EvoattnBackwardCuda, backward_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<void*>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .RemainingArgs()
                                   .RemainingRets()
                                   .Attrs<FfiConfig>());
