@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _C
+from ._core import call
 
 if not _C.has_xla_ffi:
     raise ImportError(
@@ -90,7 +91,7 @@ def _abstract_view(x, name, seq_layout=None, device=None):
 def _validate(q, k, v, mask_bias, pair_bias, mask, static):
     layout, scale, deterministic, allow_tf32 = static
     seq = [_abstract_view(t, n, layout) for t, n in ((q, "q"), (k, "k"), (v, "v"))]
-    _C.backward_workspace_size(*seq, _abstract_view(mask_bias, "mask_bias"),
+    call(_C.backward_workspace_size, *seq, _abstract_view(mask_bias, "mask_bias"),
                                _abstract_view(pair_bias, "pair_bias"), _abstract_view(mask, "mask"),
                                None, None, scale, deterministic, allow_tf32)
 
@@ -148,7 +149,7 @@ def _workspace_bytes(q, k, v, mask_bias, pair_bias, mask, static, need_d_mask_bi
         trailing = jax.ShapeDtypeStruct(x.shape[x.ndim - rank:], x.dtype)
         return _abstract_view(trailing, name, layout if seq else None, _C.DEVICE_CUDA)
 
-    return _C.backward_workspace_size(
+    return call(_C.backward_workspace_size,
         view(q, "q", 5, True), view(k, "k", 5, True), view(v, "v", 5, True),
         view(mask_bias, "mask_bias", 5), view(pair_bias, "pair_bias", 5),
         view(mask, "mask", mask.ndim - extra if mask is not None else 0),

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from . import _C
+from ._core import call
 
 __all__ = ["evoformer_attention", "DS4Sci_EvoformerAttention"]
 
@@ -111,7 +112,7 @@ def _forward(
     if lse.numel() == 0:  # B, N, H or Lq is 0: nothing to compute
         return o, lse
     stream, threads = _stream_and_threads(q.device)
-    _C.forward(*views, _view(o, "o"), _view(lse, "lse"), scale, deterministic, allow_tf32,
+    call(_C.forward, *views, _view(o, "o"), _view(lse, "lse"), scale, deterministic, allow_tf32,
                threads, stream)
     return o, lse
 
@@ -153,12 +154,12 @@ def _backward(
     inputs = [_view(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"))]
     biases = [_view(t, n) for t, n in ((mask_bias, "mask_bias"), (pair_bias, "pair_bias"),
                                        (mask, "mask"))]
-    nbytes = _C.backward_workspace_size(*inputs, *biases, dmb_view, dpb_view, scale,
+    nbytes = call(_C.backward_workspace_size, *inputs, *biases, dmb_view, dpb_view, scale,
                                         deterministic, allow_tf32)
     # From the caching allocator, on the current stream: ordered after this call's kernels.
     workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
     stream, threads = _stream_and_threads(q.device)
-    _C.backward(_view(d_o, "d_o"), *inputs, _view(o, "o"), _view(lse, "lse"), *biases,
+    call(_C.backward, _view(d_o, "d_o"), *inputs, _view(o, "o"), _view(lse, "lse"), *biases,
                 _view(dq, "dq"), _view(dk, "dk"), _view(dv, "dv"), dmb_view, dpb_view,
                 workspace.data_ptr(), nbytes, scale, deterministic, allow_tf32, threads, stream)
     return dq, dk, dv, dmb, dpb

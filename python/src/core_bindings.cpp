@@ -1,8 +1,10 @@
 // The C API as Python functions. A tensor view is None or a tuple
 //   (data_ptr: int, dtype: int, device: int, device_ordinal: int, sizes: tuple, strides: tuple)
 // with the codes of evoattn.h; the stream is a cudaStream_t as an int (0 = legacy default).
-// A failed call raises ValueError (invalid argument, unsupported, workspace too small) or
-// RuntimeError (no backend, CUDA error, internal) with evoattn_last_error()'s text.
+// Every call returns (status, message[, value]) and the Python side raises (evoattn/_core.py):
+// no C++ exception crosses this module for an ordinary bad input. (A throw here segfaulted on
+// one machine's Python 3.12 + jaxlib 0.11 stack; a status cannot.) status: an evoattn_status_t,
+// or kBadView for a malformed view tuple.
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -20,52 +22,62 @@ namespace nb = nanobind;
 namespace evoattn_py {
 namespace {
 
-[[noreturn]] void raise_status(evoattn_status_t status) {
-  const std::string message = evoattn_last_error();
-  switch (status) {
-    case EVOATTN_ERROR_INVALID_ARGUMENT:
-    case EVOATTN_ERROR_UNSUPPORTED:
-    case EVOATTN_ERROR_WORKSPACE_TOO_SMALL: throw nb::value_error(message.c_str());
-    default: throw std::runtime_error(message);
-  }
-}
+constexpr int kBadView = -1;
 
-void check(evoattn_status_t status) {
-  if (status != EVOATTN_SUCCESS) raise_status(status);
+// A call's outcome as Python sees it.
+nb::tuple outcome(int status, const std::string& message) { return nb::make_tuple(status, message); }
+nb::tuple outcome(evoattn_status_t status) {
+  return outcome(status, status == EVOATTN_SUCCESS ? std::string() : std::string(evoattn_last_error()));
 }
 
 std::string arg_error(const char* name, const std::string& what) {
   return std::string("evoattn: argument '") + name + "': " + what;
 }
 
-// Fills *out from a view tuple; returns nullptr for None so the result can be passed on as is.
-const evoattn_tensor_t* parse_view(nb::handle obj, const char* name, evoattn_tensor_t* out) {
-  if (obj.is_none()) return nullptr;
+// Fills *out from a view tuple (None -> *view = nullptr). Returns "" or what is wrong.
+std::string parse_view(nb::handle obj, const char* name, evoattn_tensor_t* out,
+                       const evoattn_tensor_t** view) {
+  *view = nullptr;
+  if (obj.is_none()) return {};
   if (!nb::isinstance<nb::tuple>(obj) || nb::len(obj) != 6) {
-    throw nb::type_error(
-        arg_error(name, "expected None or a view tuple (ptr, dtype, device, ordinal, sizes, strides)")
-            .c_str());
+    return arg_error(name, "expected None or a view tuple (ptr, dtype, device, ordinal, sizes, strides)");
   }
   nb::tuple t = nb::borrow<nb::tuple>(obj);
+  std::vector<int64_t> sizes, strides;
   *out = evoattn_tensor_t{};
-  out->data = reinterpret_cast<void*>(static_cast<uintptr_t>(nb::cast<uint64_t>(t[0])));
-  out->dtype = static_cast<evoattn_dtype_t>(nb::cast<int>(t[1]));
-  out->device = static_cast<evoattn_device_type_t>(nb::cast<int>(t[2]));
-  out->device_ordinal = nb::cast<int32_t>(t[3]);
-  const auto sizes = nb::cast<std::vector<int64_t>>(t[4]);
-  const auto strides = nb::cast<std::vector<int64_t>>(t[5]);
-  if (sizes.size() > 5 || strides.size() != sizes.size()) {
-    throw nb::value_error(arg_error(name, "expected at most 5 sizes and as many strides, got " +
-                                              std::to_string(sizes.size()) + " sizes and " +
-                                              std::to_string(strides.size()) + " strides")
-                              .c_str());
+  uint64_t ptr = 0;
+  int dtype = 0, device = 0, ordinal = 0;
+  if (!nb::try_cast(t[0], ptr) || !nb::try_cast(t[1], dtype) || !nb::try_cast(t[2], device) ||
+      !nb::try_cast(t[3], ordinal) || !nb::try_cast(t[4], sizes) || !nb::try_cast(t[5], strides)) {
+    return arg_error(name, "a view tuple holds (int, int, int, int, sizes, strides)");
   }
+  if (sizes.size() > 5 || strides.size() != sizes.size()) {
+    return arg_error(name, "expected at most 5 sizes and as many strides, got " +
+                               std::to_string(sizes.size()) + " sizes and " +
+                               std::to_string(strides.size()) + " strides");
+  }
+  out->data = reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
+  out->dtype = static_cast<evoattn_dtype_t>(dtype);
+  out->device = static_cast<evoattn_device_type_t>(device);
+  out->device_ordinal = ordinal;
   out->ndim = static_cast<int32_t>(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
     out->sizes[i] = sizes[i];
     out->strides[i] = strides[i];
   }
-  return out;
+  *view = out;
+  return {};
+}
+
+// Parses a list of (object, name) into views; the first problem, or "".
+template <size_t kN>
+std::string parse_views(const nb::handle (&objs)[kN], const char* const (&names)[kN],
+                        evoattn_tensor_t (&storage)[kN], const evoattn_tensor_t* (&views)[kN]) {
+  for (size_t i = 0; i < kN; ++i) {
+    std::string error = parse_view(objs[i], names[i], &storage[i], &views[i]);
+    if (!error.empty()) return error;
+  }
+  return {};
 }
 
 evoattn_options_t make_options(std::optional<double> scale, bool deterministic, bool allow_tf32,
@@ -82,67 +94,58 @@ evoattn_options_t make_options(std::optional<double> scale, bool deterministic, 
 
 void* as_stream(uint64_t stream) { return reinterpret_cast<void*>(static_cast<uintptr_t>(stream)); }
 
-void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle mask_bias, nb::handle pair_bias,
-             nb::handle mask, nb::handle o, nb::handle lse, std::optional<double> scale,
-             bool deterministic, bool allow_tf32, int num_threads, uint64_t stream) {
+nb::tuple forward(nb::handle q, nb::handle k, nb::handle v, nb::handle mask_bias,
+                  nb::handle pair_bias, nb::handle mask, nb::handle o, nb::handle lse,
+                  std::optional<double> scale, bool deterministic, bool allow_tf32,
+                  int num_threads, uint64_t stream) {
+  const nb::handle objs[8] = {q, k, v, mask_bias, pair_bias, mask, o, lse};
+  const char* const names[8] = {"q", "k", "v", "mask_bias", "pair_bias", "mask", "o", "lse"};
   evoattn_tensor_t t[8];
-  const evoattn_tensor_t* p[8] = {
-      parse_view(q, "q", &t[0]),          parse_view(k, "k", &t[1]),
-      parse_view(v, "v", &t[2]),          parse_view(mask_bias, "mask_bias", &t[3]),
-      parse_view(pair_bias, "pair_bias", &t[4]), parse_view(mask, "mask", &t[5]),
-      parse_view(o, "o", &t[6]),          parse_view(lse, "lse", &t[7])};
+  const evoattn_tensor_t* p[8];
+  if (std::string e = parse_views(objs, names, t, p); !e.empty()) return outcome(kBadView, e);
   const evoattn_options_t opt = make_options(scale, deterministic, allow_tf32, num_threads);
   evoattn_status_t status;
   {
     nb::gil_scoped_release release;
     status = evoattn_forward(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], &opt, as_stream(stream));
   }
-  check(status);
+  return outcome(status);
 }
 
-size_t backward_workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::handle mask_bias,
-                               nb::handle pair_bias, nb::handle mask, nb::handle d_mask_bias,
-                               nb::handle d_pair_bias, std::optional<double> scale,
-                               bool deterministic, bool allow_tf32) {
+nb::tuple backward_workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::handle mask_bias,
+                                  nb::handle pair_bias, nb::handle mask, nb::handle d_mask_bias,
+                                  nb::handle d_pair_bias, std::optional<double> scale,
+                                  bool deterministic, bool allow_tf32) {
+  const nb::handle objs[8] = {q, k, v, mask_bias, pair_bias, mask, d_mask_bias, d_pair_bias};
+  const char* const names[8] = {"q",    "k", "v", "mask_bias", "pair_bias", "mask", "d_mask_bias",
+                                "d_pair_bias"};
   evoattn_tensor_t t[8];
-  const evoattn_tensor_t* p[8] = {
-      parse_view(q, "q", &t[0]),
-      parse_view(k, "k", &t[1]),
-      parse_view(v, "v", &t[2]),
-      parse_view(mask_bias, "mask_bias", &t[3]),
-      parse_view(pair_bias, "pair_bias", &t[4]),
-      parse_view(mask, "mask", &t[5]),
-      parse_view(d_mask_bias, "d_mask_bias", &t[6]),
-      parse_view(d_pair_bias, "d_pair_bias", &t[7])};
+  const evoattn_tensor_t* p[8];
+  if (std::string e = parse_views(objs, names, t, p); !e.empty()) {
+    return nb::make_tuple(kBadView, e, 0);
+  }
   const evoattn_options_t opt = make_options(scale, deterministic, allow_tf32, 0);
   size_t bytes = 0;
-  check(evoattn_backward_workspace_size(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], &opt,
-                                        &bytes));
-  return bytes;
+  const evoattn_status_t status =
+      evoattn_backward_workspace_size(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], &opt, &bytes);
+  nb::tuple o = outcome(status);
+  return nb::make_tuple(o[0], o[1], bytes);
 }
 
-void backward(nb::handle d_o, nb::handle q, nb::handle k, nb::handle v, nb::handle o,
-              nb::handle lse, nb::handle mask_bias, nb::handle pair_bias, nb::handle mask,
-              nb::handle dq, nb::handle dk, nb::handle dv, nb::handle d_mask_bias,
-              nb::handle d_pair_bias, uint64_t workspace, size_t workspace_bytes,
-              std::optional<double> scale, bool deterministic, bool allow_tf32, int num_threads,
-              uint64_t stream) {
+nb::tuple backward(nb::handle d_o, nb::handle q, nb::handle k, nb::handle v, nb::handle o,
+                   nb::handle lse, nb::handle mask_bias, nb::handle pair_bias, nb::handle mask,
+                   nb::handle dq, nb::handle dk, nb::handle dv, nb::handle d_mask_bias,
+                   nb::handle d_pair_bias, uint64_t workspace, size_t workspace_bytes,
+                   std::optional<double> scale, bool deterministic, bool allow_tf32,
+                   int num_threads, uint64_t stream) {
+  const nb::handle objs[14] = {d_o,  q,         k,  v,  o,  lse,         mask_bias,
+                               pair_bias, mask, dq, dk, dv, d_mask_bias, d_pair_bias};
+  const char* const names[14] = {"d_o", "q",    "k",  "v",  "o",  "lse",         "mask_bias",
+                                 "pair_bias", "mask", "dq", "dk", "dv", "d_mask_bias",
+                                 "d_pair_bias"};
   evoattn_tensor_t t[14];
-  const evoattn_tensor_t* p[14] = {
-      parse_view(d_o, "d_o", &t[0]),
-      parse_view(q, "q", &t[1]),
-      parse_view(k, "k", &t[2]),
-      parse_view(v, "v", &t[3]),
-      parse_view(o, "o", &t[4]),
-      parse_view(lse, "lse", &t[5]),
-      parse_view(mask_bias, "mask_bias", &t[6]),
-      parse_view(pair_bias, "pair_bias", &t[7]),
-      parse_view(mask, "mask", &t[8]),
-      parse_view(dq, "dq", &t[9]),
-      parse_view(dk, "dk", &t[10]),
-      parse_view(dv, "dv", &t[11]),
-      parse_view(d_mask_bias, "d_mask_bias", &t[12]),
-      parse_view(d_pair_bias, "d_pair_bias", &t[13])};
+  const evoattn_tensor_t* p[14];
+  if (std::string e = parse_views(objs, names, t, p); !e.empty()) return outcome(kBadView, e);
   const evoattn_options_t opt = make_options(scale, deterministic, allow_tf32, num_threads);
   evoattn_status_t status;
   {
@@ -151,7 +154,7 @@ void backward(nb::handle d_o, nb::handle q, nb::handle k, nb::handle v, nb::hand
                               p[11], p[12], p[13], as_stream(workspace), workspace_bytes, &opt,
                               as_stream(stream));
   }
-  check(status);
+  return outcome(status);
 }
 
 }  // namespace
@@ -165,6 +168,11 @@ void bind_core(nb::module_& m) {
   m.attr("DEVICE_CPU") = static_cast<int>(EVOATTN_DEVICE_CPU);
   m.attr("DEVICE_CUDA") = static_cast<int>(EVOATTN_DEVICE_CUDA);
   m.attr("ABI_VERSION") = EVOATTN_ABI_VERSION;
+  m.attr("BAD_VIEW") = kBadView;
+  m.attr("SUCCESS") = static_cast<int>(EVOATTN_SUCCESS);
+  m.attr("ERROR_INVALID_ARGUMENT") = static_cast<int>(EVOATTN_ERROR_INVALID_ARGUMENT);
+  m.attr("ERROR_UNSUPPORTED") = static_cast<int>(EVOATTN_ERROR_UNSUPPORTED);
+  m.attr("ERROR_WORKSPACE_TOO_SMALL") = static_cast<int>(EVOATTN_ERROR_WORKSPACE_TOO_SMALL);
 
   m.def("version", [] { return evoattn_version(); });
   m.def("version_string", [] { return std::string(evoattn_version_string()); });
@@ -174,20 +182,20 @@ void bind_core(nb::module_& m) {
   m.def("forward", &forward, arg("q").none(), arg("k").none(), arg("v").none(),
         arg("mask_bias").none(), arg("pair_bias").none(), arg("mask").none(), arg("o").none(),
         arg("lse").none(), arg("scale").none(), arg("deterministic"), arg("allow_tf32"),
-        arg("num_threads"), arg("stream"), "evoattn_forward on tensor-view tuples.");
+        arg("num_threads"), arg("stream"), "evoattn_forward on tensor-view tuples: (status, message).");
   m.def("backward_workspace_size", &backward_workspace_size, arg("q").none(), arg("k").none(),
         arg("v").none(), arg("mask_bias").none(), arg("pair_bias").none(), arg("mask").none(),
         arg("d_mask_bias").none(), arg("d_pair_bias").none(), arg("scale").none(),
         arg("deterministic"), arg("allow_tf32"),
-        "evoattn_backward_workspace_size: bytes; data pointers are not read, so it also "
-        "validates shapes, strides and dtypes without any data.");
+        "evoattn_backward_workspace_size: (status, message, bytes); data pointers are not read, "
+        "so it also validates shapes, strides and dtypes without any data.");
   m.def("backward", &backward, arg("d_o").none(), arg("q").none(), arg("k").none(),
         arg("v").none(), arg("o").none(), arg("lse").none(), arg("mask_bias").none(),
         arg("pair_bias").none(), arg("mask").none(), arg("dq").none(), arg("dk").none(),
         arg("dv").none(), arg("d_mask_bias").none(), arg("d_pair_bias").none(),
         arg("workspace"), arg("workspace_bytes"), arg("scale").none(), arg("deterministic"),
         arg("allow_tf32"), arg("num_threads"), arg("stream"),
-        "evoattn_backward on tensor-view tuples.");
+        "evoattn_backward on tensor-view tuples: (status, message).");
 }
 
 }  // namespace evoattn_py
