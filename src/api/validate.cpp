@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,12 +14,12 @@ namespace {
 // Sizes beyond this could overflow 64-bit offsets once multiplied by strides.
 constexpr int64_t kMaxDimSize = int64_t{1} << 40;
 
+// Plain string building, no iostreams: the library also runs inside processes (Python with
+// jaxlib) that carry a second C++ runtime, where locale-backed streams have crashed.
 std::string dims_str(const int64_t* v, int n) {
-  std::ostringstream s;
-  s << '[';
-  for (int i = 0; i < n; ++i) s << (i ? ", " : "") << v[i];
-  s << ']';
-  return s.str();
+  std::string s = "[";
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
 }
 
 const char* dtype_name(evoattn_dtype_t d) {
