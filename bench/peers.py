@@ -126,8 +126,11 @@ def make_flex(q, k, v, mb, pb):
     global _FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
-    if _FLEX is None:
-        _FLEX = torch.compile(flex_attention)
+    # Each shape brings a new score_mod closure, so dynamo recompiles; past its recompile limit
+    # it silently runs flex_attention unfused (materialising the scores). Start each shape from
+    # a fresh compile so every shape measures the fused kernel.
+    torch._dynamo.reset()
+    _FLEX = torch.compile(flex_attention)
     B, N, L, H, D = q.shape
     mbf = mb.reshape(B * N, L) if mb is not None else None
     pbf = pb.reshape(B, H, L, L) if pb is not None else None
