@@ -309,4 +309,13 @@ bool same_bytes(const util::Tensor& a, const util::Tensor& b) {
          std::memcmp(a.buffer.data(), b.buffer.data(), a.buffer.bytes()) == 0;
 }
 
+void expect_forward_and_backward_match(const Case& c) {
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  const ForwardRun fwd = run_forward(c, in, &options);
+  expect_forward_matches(c, in, fwd);
+  ASSERT_EQ(fwd.status, EVOATTN_SUCCESS) << fwd.error;
+  expect_backward_matches(c, in, run_backward(c, in, fwd, &options));
+}
+
 }  // namespace evoattn::test

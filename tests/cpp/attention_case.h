@@ -106,6 +106,10 @@ BackwardRun run_backward(const Case& c, const Inputs& in, const ForwardRun& fwd,
 void expect_forward_matches(const Case& c, const Inputs& in, const ForwardRun& run);
 void expect_backward_matches(const Case& c, const Inputs& in, const BackwardRun& run);
 
+// The whole check of one case: forward against the reference, then (when it succeeded) the
+// backward against the reference.
+void expect_forward_and_backward_match(const Case& c);
+
 // Byte equality of two host tensors' whole buffers.
 bool same_bytes(const util::Tensor& a, const util::Tensor& b);
 

@@ -74,12 +74,7 @@ class BiasesAndMasks : public ::testing::TestWithParam<Case> {};
 TEST_P(BiasesAndMasks, ForwardAndBackwardMatchReference) {
   const Case& c = GetParam();
   if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
-  const Inputs in = make_inputs(c);
-  const evoattn_options_t options = case_options(c);
-  const ForwardRun fwd = run_forward(c, in, &options);
-  expect_forward_matches(c, in, fwd);
-  ASSERT_EQ(fwd.status, EVOATTN_SUCCESS);
-  expect_backward_matches(c, in, run_backward(c, in, fwd, &options));
+  expect_forward_and_backward_match(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Biases, BiasesAndMasks,

@@ -40,12 +40,7 @@ class Layouts : public ::testing::TestWithParam<Case> {};
 TEST_P(Layouts, ForwardAndBackwardMatchReference) {
   const Case& c = GetParam();
   if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
-  const Inputs in = make_inputs(c);
-  const evoattn_options_t options = case_options(c);
-  const ForwardRun fwd = run_forward(c, in, &options);
-  expect_forward_matches(c, in, fwd);
-  ASSERT_EQ(fwd.status, EVOATTN_SUCCESS);
-  expect_backward_matches(c, in, run_backward(c, in, fwd, &options));
+  expect_forward_and_backward_match(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Views, Layouts, ::testing::ValuesIn(on_backends(layout_cases(), 500)),
