@@ -78,6 +78,4 @@ struct BwdParams : FwdParams {
   uint64_t workspace_bytes;
 };
 
-EVOATTN_HOST_DEVICE inline int64_t num_scores(const FwdParams& p) { return p.B * p.N * p.H * p.Lq * p.Lk; }
-
 }  // namespace evoattn

@@ -34,7 +34,7 @@ struct BwdKeyTraits {
       (kBlockM * kTileStride + kBlockN + 3 * kBlockM) * sizeof(float);
   // Four blocks per SM for head dim <= 32 (registers capped at 128).
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 4 : kHeadDim <= 64 ? 2 : 1;
-  static_assert(kBlockM == kBlockN, "one tile shape for K, V, Q and dO");
+  static_assert(kBlockM == kTile && kBlockN == kTile, "one tile shape for K, V, Q and dO: the plan's");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 

@@ -32,6 +32,7 @@ struct BwdRowTraits {
   // Three blocks per SM for head dim <= 32 (registers capped at 168).
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 3 : kHeadDim <= 64 ? 2 : 1;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+  static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan and partial tiles count kTile");
 };
 
 struct TileCoord {

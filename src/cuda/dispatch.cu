@@ -39,12 +39,11 @@ evoattn_status_t cuda_status(const char* fn, cudaError_t err) {
 
 int head_dim_bucket(int D) { return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 
-// Tiles of the mma.sync kernels (64 queries x 64 keys); the SIMT kernels use 32 x 32.
-constexpr int kTileM = 64, kTileN = 64;
+// The mma.sync kernels use cuda::kTile x cuda::kTile tiles; the SIMT kernels 32 x 32.
 
 template <typename Element>
 cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
-  const LaunchPlan plan = cuda::make_launch_plan(p, kTileM, kTileN);
+  const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   switch (head_dim_bucket(p.D)) {
     case 16: return cuda::run_fwd<Element, 16>(p, plan, stream);
     case 32: return cuda::run_fwd<Element, 32>(p, plan, stream);
@@ -66,7 +65,7 @@ WorkspaceLayout workspace_layout(const BwdParams& p) {
   WorkspaceLayout w{};
   size_t offset = align256(row_stats_bytes(p));
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
-    const LaunchPlan plan = cuda::make_launch_plan(p, kTileM, kTileN);
+    const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
       w.partial_offset[slot] = offset;
       if (p.dbias[slot].ptr != nullptr) offset += align256(cuda::rows_task_partial_bytes(p, plan, slot));
@@ -93,7 +92,7 @@ cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_
 
 template <typename Element>
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
-  const LaunchPlan plan = cuda::make_launch_plan(p, kTileM, kTileN);
+  const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
   switch (head_dim_bucket(p.D)) {
     case 16: return bwd_mma_hdim<Element, 16>(p, plan, stream);

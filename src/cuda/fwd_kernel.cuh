@@ -39,6 +39,7 @@ struct FwdTraits {
   static constexpr size_t kSmemBytes =
       (kQElems + 2 * kKVElems) * sizeof(Element) + (kTileFloats + kKeyFloats) * sizeof(float);
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "head dim buckets are multiples of 16");
+  static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan counts kTile tiles");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 

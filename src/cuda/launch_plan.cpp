@@ -29,7 +29,6 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   LaunchPlan plan{};
   plan.q_tiles = static_cast<int32_t>((p.Lq + block_m - 1) / block_m);
   plan.k_tiles = static_cast<int32_t>((p.Lk + block_n - 1) / block_n);
-  plan.num_items = p.B * p.H * plan.q_tiles * p.N;
   plan.pair_over_n = p.N > 1;
   plan.fwd_blocks = plan.pair_over_n ? p.B * p.H * ((p.N + 1) / 2) * plan.q_tiles
                                      : p.B * p.H * p.N * ((plan.q_tiles + 1) / 2);

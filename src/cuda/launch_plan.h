@@ -10,7 +10,6 @@
 namespace evoattn::cuda {
 
 struct LaunchPlan {
-  int64_t num_items;  // (b, h, n, q-tile) work items
   int32_t q_tiles, k_tiles;
   bool vec_q, vec_k, vec_v, vec_do, vec_o;   // 16-byte loads of rows
   bool pairs_o, pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
