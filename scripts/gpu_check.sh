@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one GPU-machine run: build (CUDA, all cores), the whole test suite with the GPU tests
-# live, compute-sanitizer memcheck + racecheck on a reduced GPU grid, and the SPEC benchmark
-# suite. Results go to $OUT (the device tool's folder) or ./gpu-results.
-#   usage: scripts/gpu_check.sh [all|build|test|sanitize|bench]...   (default: all)
+# live, compute-sanitizer memcheck + racecheck on a reduced GPU grid, the SPEC benchmark
+# suite, and the Python package (pip install, then pytest with torch and jax on the GPU).
+# Results go to $OUT (the device tool's folder) or ./gpu-results.
+#   usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|python]...   (default: all)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT"
@@ -33,7 +34,7 @@ if want sanitize; then
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" --gtest_filter="$filter" \
       > "$OUT/sanitizer_$tool.log" 2>&1
     rc=$?
-    echo "compute-sanitizer $tool: rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/sanitizer_$tool.log") tests, $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+    echo "compute-sanitizer $tool: rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/sanitizer_$tool.log") tests, $(grep -E 'SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
     [ $rc -eq 0 ] || status=1
   done
 fi
@@ -43,5 +44,14 @@ if want bench; then
   "$BUILD/tools/cli/evoattn" bench --suite --backend cuda --dtype bf16 --csv "$OUT/bench.csv" \
     > "$OUT/bench.txt" 2>&1 || status=1
   cat "$OUT/bench.txt"
+fi
+if want python; then
+  # The machine's own torch / jax / nanobind / scikit-build-core: no network, no isolation.
+  python3 -m pip install --no-build-isolation --no-deps \
+    -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90-real -Ccmake.define.EVOATTN_BUILD_TESTS=OFF \
+    -Ccmake.define.EVOATTN_BUILD_CLI=OFF . > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; status=1; }
+  (cd /tmp && PYTHONUNBUFFERED=1 python3 -m pytest "$OLDPWD/tests/python" -q -rs -p no:cacheprovider) \
+    > "$OUT/pytest.log" 2>&1 || status=1
+  tail -15 "$OUT/pytest.log"
 fi
 exit $status

@@ -84,8 +84,9 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
                                                     j0, p.Lk, p.D, plan.vec_v, tid);
   if (tid < kBlockN) {  // the block's keys are fixed: their key biases load once
     KeyBiasPrefetch key_bias;
-    key_bias.load(p, plan.key_slots, b, n, h, j0 + tid);
-    sKey[tid] = key_bias.value_log2(p, plan.key_slots);
+    key_bias.start(p, plan, b, n, h);
+    key_bias.load(p, plan, b, n, h, j0 + tid);
+    sKey[tid] = key_bias.value_log2(p, plan);
   }
 
   // Q and dO of query tile `qt` into stage `s` (cp.async); its row statistics into registers

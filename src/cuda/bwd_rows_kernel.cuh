@@ -125,7 +125,10 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   if (fast_tile) prefetch.load(p, plan, fill, cur.b, cur.n, cur.h, cur.qt * kBlockM, cur.kt * kBlockN);
   KeyBiasPrefetch key_bias;
   const bool key_filler = tid < kBlockN;
-  if (key_filler) key_bias.load(p, plan.key_slots, cur.b, cur.n, cur.h, cur.kt * kBlockN + tid);
+  if (key_filler) {
+    key_bias.start(p, plan, cur.b, cur.n, cur.h);
+    key_bias.load(p, plan, cur.b, cur.n, cur.h, cur.kt * kBlockN + tid);
+  }
   // Row statistics of this thread's two rows (g, g + 8), fetched with their Q tile; rows past
   // Lq get row_max = +inf, so P = 0.
   float next_max[2], next_log_sum[2], next_dlt[2];
@@ -166,7 +169,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
         fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, i0, j0);
       }
     }
-    if (key_filler) sKey[tid] = key_bias.value_log2(p, plan.key_slots);
+    if (key_filler) sKey[tid] = key_bias.value_log2(p, plan);
     TileCoord next = cur;
     bool next_q = false, next_kv = false, next_tile = false;
     if (it + 1 < it_end) {
@@ -181,7 +184,10 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
       if (fast_tile && next_tile) {
         prefetch.load(p, plan, fill, next.b, next.n, next.h, next.qt * kBlockM, next.kt * kBlockN);
       }
-      if (key_filler) key_bias.load(p, plan.key_slots, next.b, next.n, next.h, next.kt * kBlockN + tid);
+      if (key_filler) {
+        key_bias.start(p, plan, next.b, next.n, next.h);
+        key_bias.load(p, plan, next.b, next.n, next.h, next.kt * kBlockN + tid);
+      }
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();

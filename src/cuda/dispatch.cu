@@ -41,15 +41,21 @@ int head_dim_bucket(int D) { return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 :
 
 // The mma.sync kernels use cuda::kTile x cuda::kTile tiles; the SIMT kernels 32 x 32.
 
+template <typename Element, bool kFast>
+cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  switch (head_dim_bucket(p.D)) {
+    case 16: return cuda::run_fwd<Element, 16, kFast>(p, plan, stream);
+    case 32: return cuda::run_fwd<Element, 32, kFast>(p, plan, stream);
+    case 64: return cuda::run_fwd<Element, 64, kFast>(p, plan, stream);
+    default: return cuda::run_fwd<Element, 128, kFast>(p, plan, stream);
+  }
+}
+
 template <typename Element>
 cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
-  switch (head_dim_bucket(p.D)) {
-    case 16: return cuda::run_fwd<Element, 16>(p, plan, stream);
-    case 32: return cuda::run_fwd<Element, 32>(p, plan, stream);
-    case 64: return cuda::run_fwd<Element, 64>(p, plan, stream);
-    default: return cuda::run_fwd<Element, 128>(p, plan, stream);
-  }
+  return cuda::fwd_fast_path(plan) ? fwd_mma_path<Element, true>(p, plan, stream)
+                                   : fwd_mma_path<Element, false>(p, plan, stream);
 }
 
 // Workspace layout: [row statistics][partials of d_mask_bias][partials of d_pair_bias],

@@ -36,15 +36,19 @@ struct FwdTraits {
   static constexpr int kKVElems = kGroups * 2 * kBlockN * kRowStride;  // two stages per group
   static constexpr int kTileFloats = kGroups * kBlockM * kTileStride;
   static constexpr int kKeyFloats = kGroups * kBlockN;
-  static constexpr size_t kSmemBytes =
-      (kQElems + 2 * kKVElems) * sizeof(Element) + (kTileFloats + kKeyFloats) * sizeof(float);
+  static constexpr int kStageElems = kGroups * kBiasStageElems;  // raw bias tiles, 16-bit
+  static constexpr size_t kSmemBytes = (kQElems + 2 * kKVElems + kStageElems) * sizeof(Element) +
+                                       (kTileFloats + kKeyFloats) * sizeof(float);
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "head dim buckets are multiples of 16");
   static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan counts kTile tiles");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+  static_assert(kGroupThreads * (kHeadDim / 2 + 4) * sizeof(float) <= kKVElems * sizeof(Element),
+                "pair_over_k hands group 1's partial result over the K buffer");
 };
 
 
-template <typename Element, int kHeadDim>
+// kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out.
+template <typename Element, int kHeadDim, bool kFast>
 __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
                                   FwdTraits<Element, kHeadDim>::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan) {
@@ -59,7 +63,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
   Element* sK = sQ + T::kQElems;
   Element* sV = sK + T::kKVElems;
-  float* sTile = reinterpret_cast<float*>(sV + T::kKVElems);
+  uint16_t* sStage = reinterpret_cast<uint16_t*>(sV + T::kKVElems);
+  float* sTile = reinterpret_cast<float*>(sStage + T::kStageElems);
   float* sKey = sTile + T::kTileFloats;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -69,8 +74,18 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   // This group's work item (see LaunchPlan::pair_over_n). An idle group (odd N or odd q-tile
   // count) recomputes its partner's item and stores nothing, so barriers stay uniform.
   int64_t blk = blockIdx.x, n, qt;
-  bool active;
-  if (plan.pair_over_n) {
+  bool active = true;
+  // Key tiles [kt_begin, kt_begin + k_iters) are this group's: all of them, or with
+  // pair_over_k one half each (group 1's last tile may lie past Lk: it contributes nothing).
+  int kt_begin = 0, k_iters = plan.k_tiles;
+  if (plan.pair_over_k) {
+    qt = blk % plan.q_tiles;
+    blk /= plan.q_tiles;
+    n = blk % p.N;
+    blk /= p.N;
+    k_iters = (plan.k_tiles + 1) / 2;
+    kt_begin = group * k_iters;
+  } else if (plan.pair_over_n) {
     qt = blk % plan.q_tiles;
     blk /= plan.q_tiles;
     const int64_t n_pairs = (p.N + 1) / 2;
@@ -89,6 +104,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   }
   const int64_t h = blk % p.H, b = blk / p.H;
   const int64_t i0 = qt * kBlockM;
+  const int64_t j_begin = static_cast<int64_t>(kt_begin) * kBlockN;
   // Both groups read one bias tile when it cannot differ between them (an idle group shares
   // its partner's item, so also for odd N).
   const bool shared_tile = plan.pair_over_n && plan.tile_shared_over_n;
@@ -106,20 +122,31 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   // A shared tile is filled by all 256 threads, a group's own tile by its 128.
   const BiasFill fill = bias_fill_slice(shared_tile, tid, group_tid);
 
+  const bool vec_q = kFast || plan.vec_q, vec_k = kFast || plan.vec_k, vec_v = kFast || plan.vec_v;
   load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(myQ, q_src, i0, p.Lq, p.D,
-                                                                   plan.vec_q, group_tid);
-  using KVCopy = SeqTileCopy<Element, kBlockN, kHeadDim, T::kGroupThreads>;
-  const KVCopy k_copy{k_src}, v_copy{v_src};
-  k_copy.copy(myK, 0, p.Lk, p.D, plan.vec_k, group_tid);
-  v_copy.copy(myV, 0, p.Lk, p.D, plan.vec_v, group_tid);
-  cp_async_commit();
-  BiasTilePrefetch<Element> prefetch;
-  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, 0);
+                                                                   vec_q, group_tid);
+  using KVCopy = SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>;
+  const KVCopy k_copy(k_src, p.D, group_tid), v_copy(v_src, p.D, group_tid);
+  auto copy_kv = [&](int s, int64_t j) {
+    k_copy.copy(myK + s * kBlockN * kRowStride, j, p.Lk, p.k_stride.l, p.k_stride.d, p.D, vec_k,
+                p.k, group_tid);
+    v_copy.copy(myV + s * kBlockN * kRowStride, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D, vec_v,
+                p.v, group_tid);
+  };
+  copy_kv(0, j_begin);
+  BiasTileStage<Element> prefetch;
+  prefetch.stage = sStage + (shared_tile ? 0 : group) * kBiasStageElems;
+  if (fast_tile) {
+    prefetch.start(p, plan, fill, b, n, h, i0);
+    prefetch.load(p, plan, fill, i0, j_begin);
+  }
+  cp_async_commit();  // group 0: Q, K, V and the raw bias of the first key tile
   KeyBiasPrefetch key_bias;
   // 16 lanes of each of the group's 4 warps own one key each: balanced across warps.
   const int key_slot = (warp % 4) * 16 + lane;
   const bool key_filler = lane < 16;
-  if (key_filler) key_bias.load(p, plan.key_slots, b, n, h, key_slot);
+  key_bias.start(p, plan, b, n, h);
+  if (key_filler) key_bias.load<kFast>(p, plan, b, n, h, j_begin + key_slot);
 
   uint32_t q_frag[kKSteps][4];
   float acc_o[kDTiles][4];
@@ -127,30 +154,28 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     for (int e = 0; e < 4; ++e) acc_o[d][e] = 0.0f;
   float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
 
-  for (int kt = 0; kt < plan.k_tiles; ++kt) {
-    const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
-    const int stage = kt & 1;
+  // One commit group per key tile: K, V and the raw bias tile. Iteration kt waits for its
+  // group, converts its bias, issues group kt + 1, then one barrier publishes tile kt.
+  for (int it = 0; it < k_iters; ++it) {
+    const int64_t j0 = j_begin + static_cast<int64_t>(it) * kBlockN;
+    const int stage = it & 1;
+    cp_async_wait<0>();
     // Biases of this tile into shared memory (the previous tile's readers passed a barrier).
     if (fast_tile) {
       prefetch.store(myTile, kTileStride, fill);
-    } else if (has_tile) {
+    } else if (!kFast && has_tile) {
       fill_bias_tile_generic(myTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
     }
-    if (key_filler) myKey[key_slot] = key_bias.value_log2(p, plan.key_slots);
-    if (kt + 1 < plan.k_tiles) {
-      const int next = stage ^ 1;
-      k_copy.copy(myK + next * kBlockN * kRowStride, j0 + kBlockN, p.Lk, p.D, plan.vec_k, group_tid);
-      v_copy.copy(myV + next * kBlockN * kRowStride, j0 + kBlockN, p.Lk, p.D, plan.vec_v, group_tid);
+    if (key_filler) myKey[key_slot] = key_bias.value_log2<kFast>(p, plan);
+    if (it + 1 < k_iters) {
+      copy_kv(stage ^ 1, j0 + kBlockN);
+      if (fast_tile) prefetch.load(p, plan, fill, i0, j0 + kBlockN);
       cp_async_commit();
-      if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, j0 + kBlockN);
-      if (key_filler) key_bias.load(p, plan.key_slots, b, n, h, j0 + kBlockN + key_slot);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+      if (key_filler) key_bias.load<kFast>(p, plan, b, n, h, j0 + kBlockN + key_slot);
     }
     __syncthreads();
 
-    if (kt == 0) {
+    if (it == 0) {
       for (int kk = 0; kk < kKSteps; ++kk) {
         ldmatrix_x4(q_frag[kk], myQ + (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
       }
@@ -231,11 +256,42 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
 
   // Epilogue: normalise, write O (rows g, g + 8 of the warp) and the LSE.
   if (!active) return;
+  float sums[2];
+  for (int r = 0; r < 2; ++r) {
+    sums[r] = row_sum[r];
+    sums[r] += __shfl_xor_sync(0xffffffffu, sums[r], 1);
+    sums[r] += __shfl_xor_sync(0xffffffffu, sums[r], 2);
+  }
+  if (plan.pair_over_k) {
+    // Group 1 hands its (O, row max, row sum) over the K/V buffers, free after the loop's last
+    // barrier, to the lane of group 0 with the same fragment; group 0 merges the two halves.
+    constexpr int kXch = kDTiles * 4 + 4;
+    float* xch = reinterpret_cast<float*>(sK) + ((warp % 4) * 32 + lane) * kXch;
+    if (group == 1) {
+      for (int d = 0; d < kDTiles; ++d)
+        for (int e = 0; e < 4; ++e) xch[d * 4 + e] = acc_o[d][e];
+      for (int r = 0; r < 2; ++r) {
+        xch[kDTiles * 4 + r] = row_max[r];
+        xch[kDTiles * 4 + 2 + r] = sums[r];
+      }
+    }
+    __syncthreads();
+    if (group == 1) return;
+    for (int r = 0; r < 2; ++r) {
+      const float m1 = xch[kDTiles * 4 + r], m = fmaxf(row_max[r], m1);
+      const float m_ref = m == neg_inf() ? 0.0f : m;
+      const float a0 = exp2_approx(row_max[r] - m_ref), a1 = exp2_approx(m1 - m_ref);
+      sums[r] = sums[r] * a0 + xch[kDTiles * 4 + 2 + r] * a1;
+      row_max[r] = m;
+      for (int d = 0; d < kDTiles; ++d) {
+        acc_o[d][2 * r] = acc_o[d][2 * r] * a0 + xch[d * 4 + 2 * r] * a1;
+        acc_o[d][2 * r + 1] = acc_o[d][2 * r + 1] * a0 + xch[d * 4 + 2 * r + 1] * a1;
+      }
+    }
+  }
   float inv[2];
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = sums[r];
     inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
     const int64_t i = i0 + warp_row + g + 8 * r;
     if (t == 0 && p.lse != nullptr && i < p.Lq) {
@@ -249,11 +305,11 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
                                    p.D, plan.pairs_o, lane, inv);
 }
 
-// Launches fwd_kernel for one (Element, kHeadDim); defined per instantiation file.
-template <typename Element, int kHeadDim>
+// Launches fwd_kernel for one (Element, kHeadDim, kFast); defined per instantiation file.
+template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = FwdTraits<Element, kHeadDim>;
-  auto kernel = fwd_kernel<Element, kHeadDim>;
+  auto kernel = fwd_kernel<Element, kHeadDim, kFast>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;

@@ -29,9 +29,12 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   LaunchPlan plan{};
   plan.q_tiles = static_cast<int32_t>((p.Lq + block_m - 1) / block_m);
   plan.k_tiles = static_cast<int32_t>((p.Lk + block_n - 1) / block_n);
-  plan.pair_over_n = p.N > 1;
-  plan.fwd_blocks = plan.pair_over_n ? p.B * p.H * ((p.N + 1) / 2) * plan.q_tiles
-                                     : p.B * p.H * p.N * ((plan.q_tiles + 1) / 2);
+  const int64_t items = p.B * p.N * p.H * plan.q_tiles;
+  plan.pair_over_k = items < kFewForwardItems && plan.k_tiles > 1;
+  plan.pair_over_n = !plan.pair_over_k && p.N > 1;
+  plan.fwd_blocks = plan.pair_over_k   ? items
+                    : plan.pair_over_n ? p.B * p.H * ((p.N + 1) / 2) * plan.q_tiles
+                                       : p.B * p.H * p.N * ((plan.q_tiles + 1) / 2);
   plan.vec_q = rows_vectorizable(p.q, p.q_stride, p.D, p.dtype);
   plan.vec_k = rows_vectorizable(p.k, p.k_stride, p.D, p.dtype);
   plan.vec_v = rows_vectorizable(p.v, p.v_stride, p.D, p.dtype);
@@ -59,6 +62,10 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
     if (fast) plan.tile_fast_slot = s;
   }
   if (num_tiles != 1) plan.tile_fast_slot = -1;
+  plan.key_single_slot = -1;
+  for (int s = 0; s < kNumBiasSlots; ++s) {
+    if (plan.key_slots == 1u << s) plan.key_single_slot = s;
+  }
   return plan;
 }
 

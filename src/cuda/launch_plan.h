@@ -14,6 +14,7 @@ struct LaunchPlan {
   bool vec_q, vec_k, vec_v, vec_do, vec_o;   // 16-byte loads of rows
   bool pairs_o, pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
   uint32_t key_slots;        // bias slots with stride_q == 0: one value per key
+  int32_t key_single_slot;   // the only key slot, or -1 (none or several)
   uint32_t tile_slots;       // bias slots that vary along Lq
   int32_t tile_fast_slot;    // the only tile slot, in the input dtype, prefetchable with
                              // 16-byte loads; or -1
@@ -25,8 +26,20 @@ struct LaunchPlan {
   // so they can share the pair-bias tile) or q-tiles 2i, 2i + 1 of one row. Q-tiles vary
   // fastest across blocks, so blocks reading the same K and V run together and hit L2.
   bool pair_over_n;
+  // With few work items (fewer than kFewForwardItems) the two groups split the key tiles of one
+  // item instead and merge their partial softmax at the end: twice the parallelism.
+  bool pair_over_k;
   int64_t fwd_blocks;
 };
+
+// Whether a forward can take the kernels compiled for the common case (their `kFast`): 16-byte
+// Q, K, V rows, at most one key-bias slot, and no tile bias or one the fast tile path takes.
+// Those kernels carry no generic paths, so their registers go to the tile math.
+inline bool fwd_fast_path(const LaunchPlan& plan) {
+  return plan.vec_q && plan.vec_k && plan.vec_v &&
+         (plan.key_slots == 0 || plan.key_single_slot >= 0) &&
+         (plan.tile_slots == 0 || plan.tile_fast_slot >= 0);
+}
 
 // The iteration space of the query-side backward kernels: `loop_*` dimensions are walked
 // inside a block (in the order b, n, h, q-tile, k-tile, the last fastest); the others index
@@ -46,6 +59,9 @@ struct RowsTask {
 
 // Tile edge of the mma.sync kernels and of a partial tile.
 constexpr int kTile = 64;
+// Forward work items (b, n, h, query tile) below which the groups split keys (pair_over_k):
+// 4 per SM (two blocks of two groups) on a 132-SM H100 is 528.
+constexpr int64_t kFewForwardItems = 512;
 
 // `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,

@@ -91,59 +91,155 @@ struct SeqTileCopy {
   }
 };
 
+// SeqTileCopy for a kernel that walks the tiles of one (b, n, h) (the forward's keys): the
+// thread's addresses are computed once (constructor), so with 16-byte copies legal (`vec`) a
+// tile costs one 64-bit multiply-add plus, per chunk, a compare and a cp.async. Otherwise it
+// falls back to load_rows_to_smem. Four registers of state.
+template <typename Element, int kRows, int kHeadDim, int kThreads>
+struct SeqTileStream {
+  static constexpr int kRowStride = kHeadDim + 8;
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kChunks = kRows * kChunksPerRow;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kChunks % kThreads == 0, "whole passes");
+  static constexpr int kPasses = kChunks / kThreads;
+
+  const Element* src;  // the thread's chunk in row 0 of the (b, n, h)
+  int row;             // the thread's first row in a tile; 2^30 (never copied) past D
+  int dst;             // the thread's first element in a tile
+
+  __device__ __forceinline__ SeqTileStream(const RowPtr& r, int D, int tid) {
+    const int r0 = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
+    src = static_cast<const Element*>(r.base) + r0 * r.row_stride + d * r.d_stride;
+    row = d < D ? r0 : 1 << 30;
+    dst = r0 * kRowStride + d;
+  }
+
+  // Rows [row0, row0 + kRows) into `tile`; rows >= num_rows zero-filled. `safe` is any address
+  // inside the tensor, given to the zero-filling copies.
+  __device__ __forceinline__ void copy(Element* tile, int64_t row0, int64_t num_rows,
+                                      int64_t row_stride, int64_t d_stride, int D, bool vec,
+                                      const void* safe, int tid) const {
+    if (!vec) {
+      const int r0 = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
+      const RowPtr r{src - r0 * row_stride - d * d_stride, row_stride, d_stride};
+      load_rows_to_smem<Element, kRows, kHeadDim, kThreads>(tile, r, row0, num_rows, D, false, tid);
+      return;
+    }
+    const Element* g = src + row0 * row_stride;
+    const int64_t left = num_rows - row0;
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const bool valid = row + k * kRowsPerPass < left;
+      cp_async_16(tile + dst + k * kRowsPerPass * kRowStride,
+                  valid ? g + k * kRowsPerPass * row_stride : safe, valid);
+    }
+  }
+};
+
 // The per-key biases (slots with stride_q == 0) of one key column. The raw bits are fetched
 // a tile ahead and decoded, summed and scaled by log2(e) only when stored, so the global-load
-// latency hides behind the current tile's math. -inf past Lk.
+// latency hides behind the current tile's math. -inf past Lk. With one key slot (the usual
+// mask bias) its (b, n, h) offset is computed once per work item (`start`).
 struct KeyBiasPrefetch {
   uint32_t raw[kNumBiasSlots];
   bool valid;
+  int64_t bnh;  // one key slot: the offset of (b, n, h) in it
 
-  __device__ __forceinline__ void load(const FwdParams& p, unsigned key_slots, int64_t b,
+  __device__ __forceinline__ static uint32_t load_bits(const BiasParams& bp, int64_t i) {
+    switch (bp.dtype) {
+      case DType::kF32: return static_cast<const uint32_t*>(bp.ptr)[i];
+      case DType::kBool: return static_cast<const uint8_t*>(bp.ptr)[i];
+      default: return static_cast<const uint16_t*>(bp.ptr)[i];
+    }
+  }
+  __device__ __forceinline__ static float decode(DType t, uint32_t bits) {
+    switch (t) {
+      case DType::kF16: return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+      case DType::kBF16: return __uint_as_float(bits << 16);
+      case DType::kF32: return __uint_as_float(bits);
+      case DType::kBool: return bits ? 0.0f : neg_inf();
+    }
+    return 0.0f;
+  }
+
+  __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan, int64_t b,
+                                        int64_t n, int64_t h) {
+    if (plan.key_single_slot < 0) return;
+    const ScoreStrides& st = p.bias[plan.key_single_slot].stride;
+    bnh = b * st.b + n * st.n + h * st.h;
+  }
+
+  // Column `col` of the (b, n, h) given to `start` (the single-slot path ignores b, n, h here).
+  // kSingle: the caller knows there is at most one key slot (the fast-path kernels).
+  template <bool kSingle = false>
+  __device__ __forceinline__ void load(const FwdParams& p, const LaunchPlan& plan, int64_t b,
                                        int64_t n, int64_t h, int64_t col) {
     valid = col < p.Lk;
+    if (kSingle || plan.key_single_slot >= 0) {
+      if (plan.key_single_slot < 0) return;
+      const BiasParams& bp = p.bias[plan.key_single_slot];
+      raw[0] = valid ? load_bits(bp, bnh + col * bp.stride.k) : 0u;
+      return;
+    }
     for (int s = 0; s < kNumBiasSlots; ++s) {
       raw[s] = 0;
-      if (!(key_slots >> s & 1u) || !valid) continue;
+      if (!(plan.key_slots >> s & 1u) || !valid) continue;
       const BiasParams& bp = p.bias[s];
-      const int64_t i = b * bp.stride.b + n * bp.stride.n + h * bp.stride.h + col * bp.stride.k;
-      switch (bp.dtype) {
-        case DType::kF32: raw[s] = static_cast<const uint32_t*>(bp.ptr)[i]; break;
-        case DType::kBool: raw[s] = static_cast<const uint8_t*>(bp.ptr)[i]; break;
-        default: raw[s] = static_cast<const uint16_t*>(bp.ptr)[i]; break;
-      }
+      raw[s] = load_bits(bp, b * bp.stride.b + n * bp.stride.n + h * bp.stride.h + col * bp.stride.k);
     }
   }
 
-  __device__ __forceinline__ float value_log2(const FwdParams& p, unsigned key_slots) const {
+  template <bool kSingle = false>
+  __device__ __forceinline__ float value_log2(const FwdParams& p, const LaunchPlan& plan) const {
     if (!valid) return neg_inf();
+    if (kSingle || plan.key_single_slot >= 0) {
+      if (plan.key_single_slot < 0) return 0.0f;
+      return decode(p.bias[plan.key_single_slot].dtype, raw[0]) * kLog2e;
+    }
     float v = 0.0f;
     for (int s = 0; s < kNumBiasSlots; ++s) {
-      if (!(key_slots >> s & 1u)) continue;
-      switch (p.bias[s].dtype) {
-        case DType::kF16: v += __half2float(__ushort_as_half(static_cast<unsigned short>(raw[s]))); break;
-        case DType::kBF16: v += __uint_as_float(raw[s] << 16); break;
-        case DType::kF32: v += __uint_as_float(raw[s]); break;
-        case DType::kBool: v += raw[s] ? 0.0f : neg_inf(); break;
-      }
+      if (plan.key_slots >> s & 1u) v += decode(p.bias[s].dtype, raw[s]);
     }
     return v * kLog2e;
   }
 };
 
-// The [64 queries x 64 keys] float bias tile (natural units) is filled cooperatively: each
-// thread owns `units` rows (32 apart) of 16 consecutive keys. 256 threads fill a tile with one
-// unit each (a tile two groups share), 128 threads with two.
+// The [64 queries x 64 keys] float bias tile (natural units) is filled cooperatively: each of
+// `fillers` threads owns `units` rows (32 apart) of 16 consecutive keys. 256 threads fill a tile
+// with one unit each (a tile two groups share), 128 threads with two.
 struct BiasFill {
   int row, col0, units;
+  int slot, fillers;  // this thread's index among the fillers, and their number
 };
 
 __device__ __forceinline__ BiasFill bias_fill_slice(bool shared_tile, int tid, int group_tid) {
   const int t = shared_tile ? tid : group_tid;
-  return BiasFill{t / 4, (t % 4) * 16, shared_tile ? 1 : 2};
+  return BiasFill{t / 4, (t % 4) * 16, shared_tile ? 1 : 2, t, shared_tile ? 256 : 128};
 }
 
-// The fast tile path: one bias of the input dtype with unit key stride and 16-byte aligned rows. The raw
-// bytes are fetched one tile ahead into registers and converted after the tile's math.
+// 8 raw bias values (one 16-byte chunk of the input dtype) -> floats in natural units (the
+// kernels fold in log2(e)) at dst[0..8).
+template <typename Element>
+__device__ __forceinline__ void store_bias_chunk(float* dst, const uint4& raw) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  float v[8];
+  for (int e = 0; e < 4; ++e) {
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+      v[2 * e] = __uint_as_float(w[e] << 16);
+      v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    } else {
+      const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w[e]));
+      v[2 * e] = f2.x;
+      v[2 * e + 1] = f2.y;
+    }
+  }
+  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// The fast tile path: one bias of the input dtype with unit key stride and 16-byte aligned rows.
+// The raw bytes are fetched one tile ahead into registers and converted after the tile's math.
 template <typename Element>
 struct BiasTilePrefetch {
   uint4 raw[2][2];
@@ -166,26 +262,64 @@ struct BiasTilePrefetch {
     }
   }
 
-  // Converts to float (natural units; the kernels fold in log2(e)) and stores 16 per unit.
   __device__ __forceinline__ void store(float* tile, int stride, const BiasFill& f) const {
     for (int u = 0; u < 2; ++u) {
       if (u >= f.units) break;
-      float* dst = tile + (f.row + 32 * u) * stride + f.col0;
       for (int half = 0; half < 2; ++half) {
-        const uint32_t w[4] = {raw[u][half].x, raw[u][half].y, raw[u][half].z, raw[u][half].w};
-        float v[8];
-        for (int e = 0; e < 4; ++e) {
-          if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-            v[2 * e] = __uint_as_float(w[e] << 16);
-            v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-          } else {
-            const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w[e]));
-            v[2 * e] = f2.x;
-            v[2 * e + 1] = f2.y;
-          }
-        }
-        *reinterpret_cast<float4*>(dst + 8 * half) = make_float4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<float4*>(dst + 8 * half + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        store_bias_chunk<Element>(tile + (f.row + 32 * u) * stride + f.col0 + 8 * half, raw[u][half]);
+      }
+    }
+  }
+};
+
+// Elements of the raw staging area one bias tile needs (BiasTileStage).
+constexpr int kBiasStageElems = 64 * 64;
+
+// BiasTilePrefetch for the forward, which is short of registers: the raw bytes of the next
+// tile go by cp.async (in the caller's commit group) into a staging area, each thread its own
+// chunks, and are converted to the float tile once the group has landed. Only the thread that
+// copied a chunk reads it, so no barrier sits between. `start` computes the thread's row
+// address once per (b, n, h, query tile).
+template <typename Element>
+struct BiasTileStage {
+  const uint16_t* src;  // the thread's first row, column f.col0, of the query tile
+  uint16_t* stage;      // the staging area (kBiasStageElems), shared by the fillers
+
+  __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan,
+                                        const BiasFill& f, int64_t b, int64_t n, int64_t h,
+                                        int64_t i0) {
+    const BiasParams& bp = p.bias[plan.tile_fast_slot];
+    src = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n +
+          h * bp.stride.h + (i0 + f.row) * bp.stride.q + f.col0;
+  }
+
+  // Chunk c of the thread at (c * fillers + slot) * 8: a warp's 16-byte accesses are contiguous.
+  __device__ __forceinline__ uint16_t* chunk(const BiasFill& f, int c) const {
+    return stage + (c * f.fillers + f.slot) * 8;
+  }
+
+  // Issues the copies of keys [j0, j0 + 64), rows i0 + f.row (+ 32) of the tile `start` chose.
+  __device__ __forceinline__ void load(const FwdParams& p, const LaunchPlan& plan,
+                                       const BiasFill& f, int64_t i0, int64_t j0) {
+    const BiasParams& bp = p.bias[plan.tile_fast_slot];
+    for (int u = 0; u < 2; ++u) {
+      if (u >= f.units) break;
+      const bool row_ok = i0 + f.row + 32 * u < p.Lq;
+      for (int half = 0; half < 2; ++half) {
+        const bool valid = row_ok && j0 + f.col0 + 8 * half < p.Lk;  // Lk % 8 == 0: whole chunks
+        cp_async_16(chunk(f, 2 * u + half), valid ? src + 32 * u * bp.stride.q + j0 + 8 * half : bp.ptr,
+                    valid);
+      }
+    }
+  }
+
+  // After the caller's cp_async_wait covering `load`: converts the thread's chunks.
+  __device__ __forceinline__ void store(float* tile, int stride, const BiasFill& f) const {
+    for (int u = 0; u < 2; ++u) {
+      if (u >= f.units) break;
+      for (int half = 0; half < 2; ++half) {
+        store_bias_chunk<Element>(tile + (f.row + 32 * u) * stride + f.col0 + 8 * half,
+                                  *reinterpret_cast<const uint4*>(chunk(f, 2 * u + half)));
       }
     }
   }

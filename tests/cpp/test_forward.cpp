@@ -1,6 +1,7 @@
 // Forward against the float64 reference over the size grid: every L in {1, 2, 17, 97, 257} and
 // every D in {1, 8, 16, 24, 32, 40, 64, 96, 128}, for each dtype, with B > 1 and N, H both 1 and
 // > 1. The big L = 257 / D = 128 shapes keep B*N*H small: the reference is O(B N H Lq Lk D).
+// Small shapes with several key tiles take the CUDA forward's split-key mode (pair_over_k).
 #include <gtest/gtest.h>
 
 #include "attention_case.h"
@@ -22,6 +23,10 @@ std::vector<Case> grid() {
     cases.push_back(shape(2, 2, 2, 17, 17, 128, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(2, 1, 1, 257, 1, 128, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(2, 1, 1, 257, 257, 128, dt).biases("bn11k", "b1hqk"));
+    // Enough (b, n, h, query tile) items that the CUDA forward pairs items in a block rather
+    // than splitting one item's keys: over n with a shared pair-bias tile, and over query tiles.
+    cases.push_back(shape(1, 64, 4, 130, 130, 32, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(1, 1, 200, 130, 97, 16, dt).biases("", "bnhqk"));
   }
   // A caller-given scale.
   Case scaled = shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk");

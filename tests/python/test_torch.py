@@ -307,13 +307,16 @@ def test_cuda_graph_capture_forward_and_backward():
         o.float().square().sum().backward()
         return o
 
+    # Warm-up and the eager reference run on the side stream, as torch.cuda.graph's docs ask,
+    # and keep no autograd graph alive (detach): a live AccumulateGrad node from a run on the
+    # legacy stream would make the captured backward wait on that stream, which capture forbids.
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):
             step()  # warm up outside the capture
+        eager = [step().detach().clone()] + [t.grad.clone() for t in (q, k, v, mb, pb)]
     torch.cuda.current_stream().wait_stream(s)
-    eager = [step().clone()] + [t.grad.clone() for t in (q, k, v, mb, pb)]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o_static = step()
