@@ -15,7 +15,8 @@ KERNELS = {
     "bwd_dkdv": ("cuda/bwd_dkdv_kernel.cuh", "run_bwd_dkdv",
                  "(const BwdParams&, const LaunchPlan&, cudaStream_t)", {"": ""}),
     "bwd_rows": ("cuda/bwd_rows_kernel.cuh", "run_bwd_rows",
-                 "(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t)", {"": ""}),
+                 "(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t)",
+                 {"_fast": ", true", "_generic": ", false"}),
 }
 HAND_WRITTEN = ["dispatch.cu", "launch_plan.cpp", "row_stats.cu", "simt_fp32.cu"]
 

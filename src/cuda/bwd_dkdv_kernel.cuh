@@ -211,6 +211,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
                                    p.D, plan.pairs_dv, lane, one);
 }
 
+// The key-side kernel has one variant: compiled without its generic paths (as the forward and
+// the query side are) it spills in the loop.
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = BwdKeyTraits<Element, kHeadDim>;

@@ -72,8 +72,9 @@ __device__ __forceinline__ TileCoord rows_next(const RowsTask& task, const BwdPa
   return c;
 }
 
-// kDq: the dQ job (task.grad_slot < 0); otherwise the bias-gradient job.
-template <typename Element, int kHeadDim, bool kDq>
+// kDq: the dQ job (task.grad_slot < 0); otherwise the bias-gradient job. kFast: the plan
+// satisfies bwd_fast_path(), and the generic paths are compiled out.
+template <typename Element, int kHeadDim, bool kDq, bool kFast>
 __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBlocksPerSm)
     bwd_rows_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
                     const __grid_constant__ RowsTask task) {
@@ -104,15 +105,15 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   static_assert(kBlockM == kBlockN, "one copy shape for Q, dO, K and V tiles");
   auto load_q = [&](const TileCoord& c, int s) {
     Copy{row_ptr<Element>(p.q, p.q_stride, c.b, c.n, c.h)}.copy(
-        sQ + s * T::kSeqElems, c.qt * kBlockM, p.Lq, p.D, plan.vec_q, tid);
+        sQ + s * T::kSeqElems, c.qt * kBlockM, p.Lq, p.D, (kFast || plan.vec_q), tid);
     Copy{row_ptr<Element>(p.d_o, p.do_stride, c.b, c.n, c.h)}.copy(
-        sdO + s * T::kSeqElems, c.qt * kBlockM, p.Lq, p.D, plan.vec_do, tid);
+        sdO + s * T::kSeqElems, c.qt * kBlockM, p.Lq, p.D, (kFast || plan.vec_do), tid);
   };
   auto load_kv = [&](const TileCoord& c, int s) {
     Copy{row_ptr<Element>(p.k, p.k_stride, c.b, c.n, c.h)}.copy(
-        sK + s * T::kSeqElems, c.kt * kBlockN, p.Lk, p.D, plan.vec_k, tid);
+        sK + s * T::kSeqElems, c.kt * kBlockN, p.Lk, p.D, (kFast || plan.vec_k), tid);
     Copy{row_ptr<Element>(p.v, p.v_stride, c.b, c.n, c.h)}.copy(
-        sV + s * T::kSeqElems, c.kt * kBlockN, p.Lk, p.D, plan.vec_v, tid);
+        sV + s * T::kSeqElems, c.kt * kBlockN, p.Lk, p.D, (kFast || plan.vec_v), tid);
   };
 
   TileCoord cur = rows_coord(task, p, plan, block, it_begin);
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   const bool key_filler = tid < kBlockN;
   if (key_filler) {
     key_bias.start(p, plan, cur.b, cur.n, cur.h);
-    key_bias.load(p, plan, cur.b, cur.n, cur.h, cur.kt * kBlockN + tid);
+    key_bias.load<kFast>(p, plan, cur.b, cur.n, cur.h, cur.kt * kBlockN + tid);
   }
   // Row statistics of this thread's two rows (g, g + 8), fetched with their Q tile; rows past
   // Lq get row_max = +inf, so P = 0.
@@ -165,11 +166,11 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     if (fresh_tile) {
       if (fast_tile) {
         prefetch.store(sTile, kTileStride, fill);
-      } else if (has_tile) {
+      } else if (!kFast && has_tile) {
         fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, i0, j0);
       }
     }
-    if (key_filler) sKey[tid] = key_bias.value_log2(p, plan);
+    if (key_filler) sKey[tid] = key_bias.value_log2<kFast>(p, plan);
     TileCoord next = cur;
     bool next_q = false, next_kv = false, next_tile = false;
     if (it + 1 < it_end) {
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
       }
       if (key_filler) {
         key_bias.start(p, plan, next.b, next.n, next.h);
-        key_bias.load(p, plan, next.b, next.n, next.h, next.kt * kBlockN + tid);
+        key_bias.load<kFast>(p, plan, next.b, next.n, next.h, next.kt * kBlockN + tid);
       }
       cp_async_wait<1>();
     } else {
@@ -364,12 +365,12 @@ static __global__ void __launch_bounds__(256)
             v);
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream) {
   using T = BwdRowTraits<Element, kHeadDim>;
-  auto kernel = task.grad_slot < 0 ? bwd_rows_kernel<Element, kHeadDim, true>
-                                   : bwd_rows_kernel<Element, kHeadDim, false>;
+  auto kernel = task.grad_slot < 0 ? bwd_rows_kernel<Element, kHeadDim, true, kFast>
+                                   : bwd_rows_kernel<Element, kHeadDim, false, kFast>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;

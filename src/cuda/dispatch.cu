@@ -81,8 +81,8 @@ WorkspaceLayout workspace_layout(const BwdParams& p) {
   return w;
 }
 
-template <typename Element, int kHeadDim>
-cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+template <typename Element, int kHeadDim, bool kFast>
+cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim>(p, plan, stream)) return e;
   const WorkspaceLayout layout = workspace_layout(p);
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
@@ -91,9 +91,15 @@ cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_
                                : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
                                                           layout.partial_offset[slot]);
     const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, partials);
-    if (cudaError_t e = cuda::run_bwd_rows<Element, kHeadDim>(p, plan, task, stream)) return e;
+    if (cudaError_t e = cuda::run_bwd_rows<Element, kHeadDim, kFast>(p, plan, task, stream)) return e;
   }
   return cudaSuccess;
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  return cuda::bwd_fast_path(plan) ? bwd_mma_path<Element, kHeadDim, true>(p, plan, stream)
+                                   : bwd_mma_path<Element, kHeadDim, false>(p, plan, stream);
 }
 
 template <typename Element>

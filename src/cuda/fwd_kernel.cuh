@@ -126,19 +126,20 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(myQ, q_src, i0, p.Lq, p.D,
                                                                    vec_q, group_tid);
   using KVCopy = SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>;
-  const KVCopy k_copy(k_src, p.D, group_tid), v_copy(v_src, p.D, group_tid);
+  KVCopy k_copy(k_src, j_begin, p.D, group_tid), v_copy(v_src, j_begin, p.D, group_tid);
+  // Key tiles are copied in order: j is the start of the next one.
   auto copy_kv = [&](int s, int64_t j) {
-    k_copy.copy(myK + s * kBlockN * kRowStride, j, p.Lk, p.k_stride.l, p.k_stride.d, p.D, vec_k,
-                p.k, group_tid);
-    v_copy.copy(myV + s * kBlockN * kRowStride, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D, vec_v,
-                p.v, group_tid);
+    k_copy.copy_next(myK + s * kBlockN * kRowStride, j, p.Lk, p.k_stride.l, p.k_stride.d, p.D,
+                     vec_k, p.k, group_tid);
+    v_copy.copy_next(myV + s * kBlockN * kRowStride, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D,
+                     vec_v, p.v, group_tid);
   };
   copy_kv(0, j_begin);
   BiasTileStage<Element> prefetch;
   prefetch.stage = sStage + (shared_tile ? 0 : group) * kBiasStageElems;
   if (fast_tile) {
-    prefetch.start(p, plan, fill, b, n, h, i0);
-    prefetch.load(p, plan, fill, i0, j_begin);
+    prefetch.start(p, plan, fill, b, n, h, i0, j_begin);
+    prefetch.load_next(p, plan, fill, j_begin);
   }
   cp_async_commit();  // group 0: Q, K, V and the raw bias of the first key tile
   KeyBiasPrefetch key_bias;
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     if (key_filler) myKey[key_slot] = key_bias.value_log2<kFast>(p, plan);
     if (it + 1 < k_iters) {
       copy_kv(stage ^ 1, j0 + kBlockN);
-      if (fast_tile) prefetch.load(p, plan, fill, i0, j0 + kBlockN);
+      if (fast_tile) prefetch.load_next(p, plan, fill, j0 + kBlockN);
       cp_async_commit();
       if (key_filler) key_bias.load<kFast>(p, plan, b, n, h, j0 + kBlockN + key_slot);
     }

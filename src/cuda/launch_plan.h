@@ -19,6 +19,9 @@ struct LaunchPlan {
   int32_t tile_fast_slot;    // the only tile slot, in the input dtype, prefetchable with
                              // 16-byte loads; or -1
   bool tile_shared_over_n;   // every tile slot has stride_n == 0 (the Evoformer pair bias)
+  // Copies of p.bias[tile_fast_slot] and p.bias[key_single_slot] (when those are >= 0): the
+  // kernels read them at fixed parameter offsets instead of indexing p.bias at run time.
+  BiasParams tile_fast, key_single;
   // Whether the tile changes with b, h or the key tile (it always does with the query tile;
   // with n unless tile_shared_over_n).
   bool tile_varies_b, tile_varies_h, tile_varies_k;
@@ -40,6 +43,9 @@ inline bool fwd_fast_path(const LaunchPlan& plan) {
          (plan.key_slots == 0 || plan.key_single_slot >= 0) &&
          (plan.tile_slots == 0 || plan.tile_fast_slot >= 0);
 }
+
+// The backward's kernels likewise, with 16-byte dO rows too.
+inline bool bwd_fast_path(const LaunchPlan& plan) { return fwd_fast_path(plan) && plan.vec_do; }
 
 // The iteration space of the query-side backward kernels: `loop_*` dimensions are walked
 // inside a block (in the order b, n, h, q-tile, k-tile, the last fastest); the others index

@@ -91,10 +91,10 @@ struct SeqTileCopy {
   }
 };
 
-// SeqTileCopy for a kernel that walks the tiles of one (b, n, h) (the forward's keys): the
-// thread's addresses are computed once (constructor), so with 16-byte copies legal (`vec`) a
-// tile costs one 64-bit multiply-add plus, per chunk, a compare and a cp.async. Otherwise it
-// falls back to load_rows_to_smem. Four registers of state.
+// SeqTileCopy for a kernel that walks the tiles of one (b, n, h) in order (the forward's
+// keys): the thread keeps a pointer to its chunk of the next tile, so with 16-byte copies legal
+// (`vec`) a tile costs per chunk a compare, a select and a cp.async, plus one pointer step.
+// Otherwise it falls back to load_rows_to_smem. Four registers of state.
 template <typename Element, int kRows, int kHeadDim, int kThreads>
 struct SeqTileStream {
   static constexpr int kRowStride = kHeadDim + 8;
@@ -104,36 +104,39 @@ struct SeqTileStream {
   static_assert(kThreads % kChunksPerRow == 0 && kChunks % kThreads == 0, "whole passes");
   static constexpr int kPasses = kChunks / kThreads;
 
-  const Element* src;  // the thread's chunk in row 0 of the (b, n, h)
-  int row;             // the thread's first row in a tile; 2^30 (never copied) past D
-  int dst;             // the thread's first element in a tile
+  const Element* next;  // the thread's chunk in the first row of the next tile
+  int row;              // the thread's first row in a tile; 2^30 (never copied) past D
+  int dst;              // the thread's first element in a tile
 
-  __device__ __forceinline__ SeqTileStream(const RowPtr& r, int D, int tid) {
+  // The first tile starts at row `row0`.
+  __device__ __forceinline__ SeqTileStream(const RowPtr& r, int64_t row0, int D, int tid) {
     const int r0 = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
-    src = static_cast<const Element*>(r.base) + r0 * r.row_stride + d * r.d_stride;
+    next = static_cast<const Element*>(r.base) + (row0 + r0) * r.row_stride + d * r.d_stride;
     row = d < D ? r0 : 1 << 30;
     dst = r0 * kRowStride + d;
   }
 
-  // Rows [row0, row0 + kRows) into `tile`; rows >= num_rows zero-filled. `safe` is any address
-  // inside the tensor, given to the zero-filling copies.
-  __device__ __forceinline__ void copy(Element* tile, int64_t row0, int64_t num_rows,
-                                      int64_t row_stride, int64_t d_stride, int D, bool vec,
-                                      const void* safe, int tid) const {
+  // Rows [row0, row0 + kRows) into `tile` (row0: the start of the tile `next` points into);
+  // rows >= num_rows zero-filled. `safe` is any address inside the tensor, given to the
+  // zero-filling copies. Then steps to the following tile.
+  __device__ __forceinline__ void copy_next(Element* tile, int64_t row0, int64_t num_rows,
+                                           int64_t row_stride, int64_t d_stride, int D, bool vec,
+                                           const void* safe, int tid) {
     if (!vec) {
       const int r0 = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
-      const RowPtr r{src - r0 * row_stride - d * d_stride, row_stride, d_stride};
+      const RowPtr r{next - (row0 + r0) * row_stride - d * d_stride, row_stride, d_stride};
       load_rows_to_smem<Element, kRows, kHeadDim, kThreads>(tile, r, row0, num_rows, D, false, tid);
-      return;
-    }
-    const Element* g = src + row0 * row_stride;
-    const int64_t left = num_rows - row0;
+    } else {
+      const int64_t left64 = num_rows - row0;
+      const int left = left64 < kRows ? static_cast<int>(left64) : kRows;
 #pragma unroll
-    for (int k = 0; k < kPasses; ++k) {
-      const bool valid = row + k * kRowsPerPass < left;
-      cp_async_16(tile + dst + k * kRowsPerPass * kRowStride,
-                  valid ? g + k * kRowsPerPass * row_stride : safe, valid);
+      for (int k = 0; k < kPasses; ++k) {
+        const bool valid = row + k * kRowsPerPass < left;
+        cp_async_16(tile + dst + k * kRowsPerPass * kRowStride,
+                    valid ? next + k * kRowsPerPass * row_stride : safe, valid);
+      }
     }
+    next += kRows * row_stride;
   }
 };
 
@@ -166,7 +169,7 @@ struct KeyBiasPrefetch {
   __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan, int64_t b,
                                         int64_t n, int64_t h) {
     if (plan.key_single_slot < 0) return;
-    const ScoreStrides& st = p.bias[plan.key_single_slot].stride;
+    const ScoreStrides& st = plan.key_single.stride;
     bnh = b * st.b + n * st.n + h * st.h;
   }
 
@@ -178,7 +181,7 @@ struct KeyBiasPrefetch {
     valid = col < p.Lk;
     if (kSingle || plan.key_single_slot >= 0) {
       if (plan.key_single_slot < 0) return;
-      const BiasParams& bp = p.bias[plan.key_single_slot];
+      const BiasParams& bp = plan.key_single;
       raw[0] = valid ? load_bits(bp, bnh + col * bp.stride.k) : 0u;
       return;
     }
@@ -195,7 +198,7 @@ struct KeyBiasPrefetch {
     if (!valid) return neg_inf();
     if (kSingle || plan.key_single_slot >= 0) {
       if (plan.key_single_slot < 0) return 0.0f;
-      return decode(p.bias[plan.key_single_slot].dtype, raw[0]) * kLog2e;
+      return decode(plan.key_single.dtype, raw[0]) * kLog2e;
     }
     float v = 0.0f;
     for (int s = 0; s < kNumBiasSlots; ++s) {
@@ -240,6 +243,7 @@ __device__ __forceinline__ void store_bias_chunk(float* dst, const uint4& raw) {
 
 // The fast tile path: one bias of the input dtype with unit key stride and 16-byte aligned rows.
 // The raw bytes are fetched one tile ahead into registers and converted after the tile's math.
+// (It indexes p.bias rather than reading plan.tile_fast: the key-side kernel spills with that.)
 template <typename Element>
 struct BiasTilePrefetch {
   uint4 raw[2][2];
@@ -282,35 +286,42 @@ constexpr int kBiasStageElems = 64 * 64;
 // address once per (b, n, h, query tile).
 template <typename Element>
 struct BiasTileStage {
-  const uint16_t* src;  // the thread's first row, column f.col0, of the query tile
-  uint16_t* stage;      // the staging area (kBiasStageElems), shared by the fillers
+  const uint16_t* next;  // the thread's first row, column f.col0, of the next key tile
+  uint16_t* stage;       // the staging area (kBiasStageElems), shared by the fillers
+  uint16_t* mine;        // the thread's chunk 0 in it
+  bool row_ok[2];        // its rows (unit 0, 1) lie inside Lq
 
+  // Query tile i0 of (b, n, h), from key j0 on.
   __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan,
                                         const BiasFill& f, int64_t b, int64_t n, int64_t h,
-                                        int64_t i0) {
-    const BiasParams& bp = p.bias[plan.tile_fast_slot];
-    src = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n +
-          h * bp.stride.h + (i0 + f.row) * bp.stride.q + f.col0;
+                                        int64_t i0, int64_t j0) {
+    const BiasParams& bp = plan.tile_fast;
+    next = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n +
+           h * bp.stride.h + (i0 + f.row) * bp.stride.q + j0 + f.col0;
+    for (int u = 0; u < 2; ++u) row_ok[u] = i0 + f.row + 32 * u < p.Lq;
+    mine = stage + f.slot * 8;
   }
 
   // Chunk c of the thread at (c * fillers + slot) * 8: a warp's 16-byte accesses are contiguous.
   __device__ __forceinline__ uint16_t* chunk(const BiasFill& f, int c) const {
-    return stage + (c * f.fillers + f.slot) * 8;
+    return mine + c * f.fillers * 8;
   }
 
-  // Issues the copies of keys [j0, j0 + 64), rows i0 + f.row (+ 32) of the tile `start` chose.
-  __device__ __forceinline__ void load(const FwdParams& p, const LaunchPlan& plan,
-                                       const BiasFill& f, int64_t i0, int64_t j0) {
-    const BiasParams& bp = p.bias[plan.tile_fast_slot];
+  // Issues the copies of keys [j0, j0 + 64) (the tile `next` points into), then steps on.
+  __device__ __forceinline__ void load_next(const FwdParams& p, const LaunchPlan& plan,
+                                            const BiasFill& f, int64_t j0) {
+    const BiasParams& bp = plan.tile_fast;
+    const int64_t left64 = p.Lk - j0;
+    const int left = left64 < 64 ? static_cast<int>(left64) : 64;
     for (int u = 0; u < 2; ++u) {
       if (u >= f.units) break;
-      const bool row_ok = i0 + f.row + 32 * u < p.Lq;
       for (int half = 0; half < 2; ++half) {
-        const bool valid = row_ok && j0 + f.col0 + 8 * half < p.Lk;  // Lk % 8 == 0: whole chunks
-        cp_async_16(chunk(f, 2 * u + half), valid ? src + 32 * u * bp.stride.q + j0 + 8 * half : bp.ptr,
+        const bool valid = row_ok[u] && f.col0 + 8 * half < left;  // Lk % 8 == 0: whole chunks
+        cp_async_16(chunk(f, 2 * u + half), valid ? next + 32 * u * bp.stride.q + 8 * half : bp.ptr,
                     valid);
       }
     }
+    next += 64;
   }
 
   // After the caller's cp_async_wait covering `load`: converts the thread's chunks.

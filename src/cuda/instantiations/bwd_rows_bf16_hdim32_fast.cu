@@ -2,5 +2,5 @@
 #include "cuda/bwd_rows_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t run_bwd_rows<__nv_bfloat16, 64>(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t);
+template cudaError_t run_bwd_rows<__nv_bfloat16, 32, true>(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t);
 }  // namespace evoattn::cuda
