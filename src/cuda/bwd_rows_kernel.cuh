@@ -12,6 +12,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "backend.h"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
@@ -155,6 +157,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   };
   uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
   float row_max[2], row_log_sum[2], dlt[2];
+  bool exact_rows = true;
   float acc_dq[kDTiles][4], acc[kNTiles][4];
   for (int d = 0; d < kDTiles; ++d)
     for (int e = 0; e < 4; ++e) acc_dq[d][e] = 0.0f;
@@ -208,6 +211,8 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
         row_log_sum[r] = next_log_sum[r];
         dlt[r] = next_dlt[r];
       }
+      // A recomputed row (row_log_sum != 0, backend.h) needs the two-step exponent below.
+      exact_rows = __any_sync(0xffffffffu, row_log_sum[0] != 0.0f || row_log_sum[1] != 0.0f);
     }
     if (next_q) load_row_stats(next);  // consumed above, so next_* can take the next tile's
 
@@ -232,20 +237,29 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     }
     // Key biases are stored times log2(e); the tile in natural units. float2 reads: a row
     // stride of 72 words keeps a half-warp's rows g = 0..3 in disjoint banks.
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      const int c = nt * 8 + 2 * t;
-      const float2 kb = *reinterpret_cast<const float2*>(sKey + c);
-      for (int r = 0; r < 2; ++r) {
-        const float2 tb = has_tile ? *reinterpret_cast<const float2*>(
-                                         sTile + (warp_row + g + 8 * r) * kTileStride + c)
-                                   : make_float2(0.0f, 0.0f);
-        const float x0 = score_log2(s[nt][2 * r], p.scale_log2, kb.x, tb.x);
-        const float x1 = score_log2(s[nt][2 * r + 1], p.scale_log2, kb.y, tb.y);
-        const float p0 = exp2_approx((x0 - row_max[r]) - row_log_sum[r]);
-        const float p1 = exp2_approx((x1 - row_max[r]) - row_log_sum[r]);
-        dp[nt][2 * r] = p0 * (dp[nt][2 * r] - dlt[r]);  // dS
-        dp[nt][2 * r + 1] = p1 * (dp[nt][2 * r + 1] - dlt[r]);
+    // Without recomputed rows in the warp, row_log_sum is 0: x - row_max alone is exact (one
+    // instruction per score less).
+    auto gradients = [&](auto exact) {
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int c = nt * 8 + 2 * t;
+        const float2 kb = *reinterpret_cast<const float2*>(sKey + c);
+        for (int r = 0; r < 2; ++r) {
+          const float2 tb = has_tile ? *reinterpret_cast<const float2*>(
+                                           sTile + (warp_row + g + 8 * r) * kTileStride + c)
+                                     : make_float2(0.0f, 0.0f);
+          const float x0 = score_log2(s[nt][2 * r], p.scale_log2, kb.x, tb.x);
+          const float x1 = score_log2(s[nt][2 * r + 1], p.scale_log2, kb.y, tb.y);
+          const float p0 = exp2_approx(decltype(exact)::value ? (x0 - row_max[r]) - row_log_sum[r] : x0 - row_max[r]);
+          const float p1 = exp2_approx(decltype(exact)::value ? (x1 - row_max[r]) - row_log_sum[r] : x1 - row_max[r]);
+          dp[nt][2 * r] = p0 * (dp[nt][2 * r] - dlt[r]);  // dS
+          dp[nt][2 * r + 1] = p1 * (dp[nt][2 * r + 1] - dlt[r]);
+        }
       }
+    };
+    if (kFast && !exact_rows) {  // the generic variant keeps one copy of the loop (registers)
+      gradients(std::false_type{});
+    } else {
+      gradients(std::true_type{});
     }
 
     if (kDq) {

@@ -23,6 +23,9 @@ std::vector<Case> grid() {
     cases.push_back(shape(2, 2, 2, 17, 17, 128, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(2, 1, 1, 257, 2, 128, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(2, 1, 1, 257, 257, 128, dt).biases("bn11k", "b1hqk").grads(true, true));
+    // Lk % 8 == 0 with biases in the input dtype: the CUDA kernels' fast path.
+    cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(1, 8, 2, 64, 64, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
   }
   Case scaled =
       shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk").grads(true, true);

@@ -61,6 +61,11 @@ std::vector<Case> masked_row_cases() {
     big.masked_rows = MaskedRows::kMinus1e9;
     big.bias_f32 = dt == EVOATTN_FLOAT16;  // -1e9 is -inf in float16
     cases.push_back(big);
+    // The same with Lk % 8 == 0 and D = 32: bfloat16 takes the CUDA kernels' fast path.
+    Case fast = shape(2, 3, 2, 17, 24, 32, dt).biases("bn11k", "b1hqk").grads(true, true);
+    fast.masked_rows = MaskedRows::kMinus1e9;
+    fast.bias_f32 = dt == EVOATTN_FLOAT16;
+    cases.push_back(fast);
   }
   Case tiny = shape(2, 1, 3, 1, 2, 8, EVOATTN_FLOAT32).biases("bn11k", "").grads(true, false);
   tiny.mask = "bnk";

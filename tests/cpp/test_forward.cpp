@@ -1,7 +1,8 @@
 // Forward against the float64 reference over the size grid: every L in {1, 2, 17, 97, 257} and
 // every D in {1, 8, 16, 24, 32, 40, 64, 96, 128}, for each dtype, with B > 1 and N, H both 1 and
 // > 1. The big L = 257 / D = 128 shapes keep B*N*H small: the reference is O(B N H Lq Lk D).
-// Small shapes with several key tiles take the CUDA forward's split-key mode (pair_over_k).
+// Small shapes with several key tiles take the CUDA forward's split-key mode (pair_over_k);
+// Lk % 8 == 0 with 16-bit biases its fast path (fwd_fast_path).
 #include <gtest/gtest.h>
 
 #include "attention_case.h"
@@ -23,10 +24,12 @@ std::vector<Case> grid() {
     cases.push_back(shape(2, 2, 2, 17, 17, 128, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(2, 1, 1, 257, 1, 128, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(2, 1, 1, 257, 257, 128, dt).biases("bn11k", "b1hqk"));
-    // Enough (b, n, h, query tile) items that the CUDA forward pairs items in a block rather
-    // than splitting one item's keys: over n with a shared pair-bias tile, and over query tiles.
-    cases.push_back(shape(1, 64, 4, 130, 130, 32, dt).biases("bn11k", "b1hqk"));
-    cases.push_back(shape(1, 1, 200, 130, 97, 16, dt).biases("", "bnhqk"));
+    // Lk % 8 == 0 with biases in the input dtype: the CUDA fast path, with few items (the
+    // groups split the keys) and with enough items that a block pairs them instead: over n with
+    // a shared pair-bias tile, over query tiles.
+    cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(1, 1, 200, 130, 96, 16, dt).biases("", "bnhqk"));
   }
   // A caller-given scale.
   Case scaled = shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk");
