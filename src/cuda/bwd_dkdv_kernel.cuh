@@ -19,7 +19,7 @@
 
 namespace evoattn::cuda {
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kFast>
 struct BwdKeyTraits {
   static constexpr int kBlockM = 64;  // queries per iteration
   static constexpr int kBlockN = 64;  // keys per block: 16 per warp
@@ -32,16 +32,18 @@ struct BwdKeyTraits {
   static constexpr size_t kSmemBytes =
       (2 + 4) * kSeqElems * sizeof(Element) +
       (kBlockM * kTileStride + kBlockN + 3 * kBlockM) * sizeof(float);
-  // Four blocks per SM for head dim <= 32 (registers capped at 128).
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 4 : kHeadDim <= 64 ? 2 : 1;
+  // Four blocks per SM for head dim <= 32 (registers capped at 128); the fast variant, whose
+  // loop would spill at 128, three (168).
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? (kFast ? 3 : 4) : kHeadDim <= 64 ? 2 : 1;
   static_assert(kBlockM == kTile && kBlockN == kTile, "one tile shape for K, V, Q and dO: the plan's");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBlocksPerSm)
+// kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out.
+template <typename Element, int kHeadDim, bool kFast>
+__global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::kMinBlocksPerSm)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
-  using T = BwdKeyTraits<Element, kHeadDim>;
+  using T = BwdKeyTraits<Element, kHeadDim, kFast>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
   constexpr int kTileStride = T::kTileStride;
   constexpr int kQTiles = kBlockM / 8;   // 8-query column tiles of S^T
@@ -79,14 +81,14 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
   const BiasFill fill = bias_fill_slice(false, tid, tid);
 
   load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h),
-                                                    j0, p.Lk, p.D, plan.vec_k, tid);
+                                                    j0, p.Lk, p.D, (kFast || plan.vec_k), tid);
   load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h),
-                                                    j0, p.Lk, p.D, plan.vec_v, tid);
+                                                    j0, p.Lk, p.D, (kFast || plan.vec_v), tid);
   if (tid < kBlockN) {  // the block's keys are fixed: their key biases load once
     KeyBiasPrefetch key_bias;
     key_bias.start(p, plan, b, n, h);
-    key_bias.load(p, plan, b, n, h, j0 + tid);
-    sKey[tid] = key_bias.value_log2(p, plan);
+    key_bias.load<kFast>(p, plan, b, n, h, j0 + tid);
+    sKey[tid] = key_bias.value_log2<kFast>(p, plan);
   }
 
   // Q and dO of query tile `qt` into stage `s` (cp.async); its row statistics into registers
@@ -97,8 +99,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
   const QCopy q_copy{q_src}, do_copy{do_src};
   auto load_query_tile = [&](int qt, int s) {
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
-    q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_q, tid);
-    do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_do, tid);
+    q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_q), tid);
+    do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_do), tid);
     if (tid < kBlockM) {
       const int64_t i = i0 + tid;
       next_max = i < p.Lq ? row_max[i] : -neg_inf();
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
     if (fast_tile) {
       prefetch.store(sTile, kTileStride, fill);
-    } else if (has_tile) {
+    } else if (!kFast && has_tile) {
       fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
     }
     if (tid < kBlockM) {
@@ -211,12 +213,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim>::kMinBloc
                                    p.D, plan.pairs_dv, lane, one);
 }
 
-// The key-side kernel has one variant: compiled without its generic paths (as the forward and
-// the query side are) it spills in the loop.
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  using T = BwdKeyTraits<Element, kHeadDim>;
-  auto kernel = bwd_dkdv_kernel<Element, kHeadDim>;
+  using T = BwdKeyTraits<Element, kHeadDim, kFast>;
+  auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;

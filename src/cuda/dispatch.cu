@@ -83,7 +83,7 @@ WorkspaceLayout workspace_layout(const BwdParams& p) {
 
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim>(p, plan, stream)) return e;
+  if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream)) return e;
   const WorkspaceLayout layout = workspace_layout(p);
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;

@@ -15,7 +15,7 @@ namespace evoattn::cuda {
 // common-case path (fwd_fast_path / bwd_fast_path in launch_plan.h).
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,

@@ -20,14 +20,22 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_bf16_hdim64_generic.cu
   cuda/instantiations/fwd_bf16_hdim128_fast.cu
   cuda/instantiations/fwd_bf16_hdim128_generic.cu
-  cuda/instantiations/bwd_dkdv_fp16_hdim16.cu
-  cuda/instantiations/bwd_dkdv_fp16_hdim32.cu
-  cuda/instantiations/bwd_dkdv_fp16_hdim64.cu
-  cuda/instantiations/bwd_dkdv_fp16_hdim128.cu
-  cuda/instantiations/bwd_dkdv_bf16_hdim16.cu
-  cuda/instantiations/bwd_dkdv_bf16_hdim32.cu
-  cuda/instantiations/bwd_dkdv_bf16_hdim64.cu
-  cuda/instantiations/bwd_dkdv_bf16_hdim128.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim16_fast.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim16_generic.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim32_fast.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim32_generic.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim64_fast.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim64_generic.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim128_fast.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim128_generic.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim16_fast.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim16_generic.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim32_fast.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim32_generic.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim64_fast.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim64_generic.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim128_fast.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim128_generic.cu
   cuda/instantiations/bwd_rows_fp16_hdim16_fast.cu
   cuda/instantiations/bwd_rows_fp16_hdim16_generic.cu
   cuda/instantiations/bwd_rows_fp16_hdim32_fast.cu

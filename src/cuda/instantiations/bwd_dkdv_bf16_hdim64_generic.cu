@@ -2,5 +2,5 @@
 #include "cuda/bwd_dkdv_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t run_bwd_dkdv<__nv_bfloat16, 32>(const BwdParams&, const LaunchPlan&, cudaStream_t);
+template cudaError_t run_bwd_dkdv<__nv_bfloat16, 64, false>(const BwdParams&, const LaunchPlan&, cudaStream_t);
 }  // namespace evoattn::cuda

@@ -2,5 +2,5 @@
 #include "cuda/bwd_dkdv_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t run_bwd_dkdv<__nv_bfloat16, 64>(const BwdParams&, const LaunchPlan&, cudaStream_t);
+template cudaError_t run_bwd_dkdv<__half, 32, true>(const BwdParams&, const LaunchPlan&, cudaStream_t);
 }  // namespace evoattn::cuda
