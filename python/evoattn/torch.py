@@ -179,10 +179,15 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
     ctx.allow_tf32 = allow_tf32
     ctx.mark_non_differentiable(lse)
+    # No zero-filled gradient for the LSE output (it is never used): one kernel launch and
+    # allocation less per backward.
+    ctx.set_materialize_grads(False)
 
 
 def _autograd_backward(ctx, d_o, d_lse):
     q, k, v, o, lse, mask_bias, pair_bias, mask = ctx.saved_tensors
+    if d_o is None:  # o took no part in the loss (possible without materialised gradients)
+        d_o = torch.zeros_like(o)
     need_d_mask_bias = mask_bias is not None and ctx.needs_input_grad[3]
     need_d_pair_bias = pair_bias is not None and ctx.needs_input_grad[4]
     dq, dk, dv, dmb, dpb = torch.ops.evoattn.backward(
