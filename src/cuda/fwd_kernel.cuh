@@ -35,7 +35,7 @@ struct FwdTraits {
   static constexpr int kQElems = kGroups * kBlockM * kRowStride;
   static constexpr int kKVElems = kGroups * 2 * kBlockN * kRowStride;  // two stages per group
   static constexpr int kTileFloats = kGroups * kBlockM * kTileStride;
-  static constexpr int kKeyFloats = kGroups * kBlockN;
+  static constexpr int kKeyFloats = kGroups * 2 * kBlockN;  // two buffers per group
   static constexpr int kStageElems = kGroups * kBiasStageElems;  // raw bias tiles, 16-bit
   static constexpr size_t kSmemBytes = (kQElems + 2 * kKVElems + kStageElems) * sizeof(Element) +
                                        (kTileFloats + kKeyFloats) * sizeof(float);
@@ -113,7 +113,10 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
   Element* myV = sV + group * 2 * kBlockN * kRowStride;
   float* myTile = sTile + (shared_tile ? 0 : group) * kBlockM * kTileStride;
-  float* myKey = sKey + group * kBlockN;
+  float* myKey = sKey + group * 2 * kBlockN;
+  // A shared tile uses the other group's tile slot as a second buffer (and every group two key
+  // rows), so one barrier per key tile suffices; own tiles have one buffer and take two.
+  const bool double_buffer = shared_tile;
   const RowPtr q_src = row_ptr<Element>(p.q, p.q_stride, b, n, h);
   const RowPtr k_src = row_ptr<Element>(p.k, p.k_stride, b, n, h);
   const RowPtr v_src = row_ptr<Element>(p.v, p.v_stride, b, n, h);
@@ -155,26 +158,29 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     for (int e = 0; e < 4; ++e) acc_o[d][e] = 0.0f;
   float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
 
-  // One commit group per key tile: K, V and the raw bias tile. Iteration kt waits for its
-  // group, converts its bias, issues group kt + 1, then one barrier publishes tile kt.
+  // One commit group per key tile: K, V and the raw bias tile. Iteration `it` waits for its
+  // group, converts its bias into bias buffer `buf`, and one barrier publishes tile `it` — and
+  // tells that every warp has finished tile it - 1, whose K/V stage the copies of tile it + 1,
+  // issued next, overwrite. Single-buffered bias tiles need a second barrier at the end.
   for (int it = 0; it < k_iters; ++it) {
     const int64_t j0 = j_begin + static_cast<int64_t>(it) * kBlockN;
-    const int stage = it & 1;
+    const int stage = it & 1, buf = double_buffer ? stage : 0;
+    float* tile = myTile + buf * kBlockM * kTileStride;
+    float* keys = myKey + buf * kBlockN;
     cp_async_wait<0>();
-    // Biases of this tile into shared memory (the previous tile's readers passed a barrier).
     if (fast_tile) {
-      prefetch.store(myTile, kTileStride, fill);
+      prefetch.store(tile, kTileStride, fill);
     } else if (!kFast && has_tile) {
-      fill_bias_tile_generic(myTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
+      fill_bias_tile_generic(tile, kTileStride, fill, p, plan, b, n, h, i0, j0);
     }
-    if (key_filler) myKey[key_slot] = key_bias.value_log2<kFast>(p, plan);
+    if (key_filler) keys[key_slot] = key_bias.value_log2<kFast>(p, plan);
+    __syncthreads();
     if (it + 1 < k_iters) {
       copy_kv(stage ^ 1, j0 + kBlockN);
       if (fast_tile) prefetch.load_next(p, plan, fill, j0 + kBlockN);
       cp_async_commit();
       if (key_filler) key_bias.load<kFast>(p, plan, b, n, h, j0 + kBlockN + key_slot);
     }
-    __syncthreads();
 
     if (it == 0) {
       for (int kk = 0; kk < kKSteps; ++kk) {
@@ -201,11 +207,11 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     float tile_max[2] = {neg_inf(), neg_inf()};
     for (int nt = 0; nt < kNTiles; ++nt) {
       const int c = nt * 8 + 2 * t;
-      const float2 kb = *reinterpret_cast<const float2*>(myKey + c);
+      const float2 kb = *reinterpret_cast<const float2*>(keys + c);
       float2 tb0 = make_float2(0.0f, 0.0f), tb1 = tb0;
       if (has_tile) {
-        tb0 = *reinterpret_cast<const float2*>(myTile + (warp_row + g) * kTileStride + c);
-        tb1 = *reinterpret_cast<const float2*>(myTile + (warp_row + g + 8) * kTileStride + c);
+        tb0 = *reinterpret_cast<const float2*>(tile + (warp_row + g) * kTileStride + c);
+        tb1 = *reinterpret_cast<const float2*>(tile + (warp_row + g + 8) * kTileStride + c);
       }
       // Key biases are stored times log2(e); the tile in natural units.
       s[nt][0] = score_log2(s[nt][0], p.scale_log2, kb.x, tb0.x);
@@ -252,7 +258,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
         mma_16816<Element>(acc_o[2 * dp + 1], a, {vf[2], vf[3]});
       }
     }
-    __syncthreads();
+    if (!double_buffer) __syncthreads();
   }
 
   // Epilogue: normalise, write O (rows g, g + 8 of the warp) and the LSE.
