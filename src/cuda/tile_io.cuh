@@ -55,20 +55,30 @@ __device__ __forceinline__ void load_rows_to_smem(Element* smem, const RowPtr& s
   }
 }
 
-// Copies tiles of kRows rows of one (b, n, h) into shared memory, tile after tile. With 16-byte
-// copies legal (`vec`), each thread owns the same chunk slots of every tile, so a tile costs one
-// 64-bit multiply plus, per chunk, an add, a bounds check and a cp.async. Otherwise it falls
-// back to load_rows_to_smem. Holds only the (b, n, h) row pointer: registers are scarce.
-template <typename Element, int kRows, int kHeadDim, int kThreads>
-struct SeqTileCopy {
+// How kThreads threads split a tile of kRows rows into 16-byte chunks: thread t copies chunk
+// t % kChunksPerRow of rows t / kChunksPerRow + k kRowsPerPass, k < kPasses.
+template <int kRows, int kHeadDim, int kThreads>
+struct SeqTileShape {
   static constexpr int kRowStride = kHeadDim + 8;
   static constexpr int kChunksPerRow = kHeadDim / 8;
   static constexpr int kChunks = kRows * kChunksPerRow;
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static_assert(kThreads % kChunksPerRow == 0 && kChunks % kThreads == 0, "whole passes");
   static constexpr int kPasses = kChunks / kThreads;
+};
+
+// Copies tiles of kRows rows of one (b, n, h) into shared memory, tile after tile. With 16-byte
+// copies legal (`vec`), each thread owns the same chunk slots of every tile, so a tile costs one
+// 64-bit multiply plus, per chunk, an add, a bounds check and a cp.async. Otherwise it falls
+// back to load_rows_to_smem. Holds only the (b, n, h) row pointer: registers are scarce.
+template <typename Element, int kRows, int kHeadDim, int kThreads>
+struct SeqTileCopy : SeqTileShape<kRows, kHeadDim, kThreads> {
+  using Shape = SeqTileShape<kRows, kHeadDim, kThreads>;
+  using Shape::kRowStride, Shape::kChunksPerRow, Shape::kRowsPerPass, Shape::kPasses;
 
   RowPtr src;
+
+  __device__ __forceinline__ explicit SeqTileCopy(const RowPtr& s) : src(s) {}
 
   __device__ __forceinline__ void copy(Element* smem, int64_t row0, int64_t num_rows, int D,
                                       bool vec, int tid) const {
@@ -96,13 +106,9 @@ struct SeqTileCopy {
 // (`vec`) a tile costs per chunk a compare, a select and a cp.async, plus one pointer step.
 // Otherwise it falls back to load_rows_to_smem. Four registers of state.
 template <typename Element, int kRows, int kHeadDim, int kThreads>
-struct SeqTileStream {
-  static constexpr int kRowStride = kHeadDim + 8;
-  static constexpr int kChunksPerRow = kHeadDim / 8;
-  static constexpr int kChunks = kRows * kChunksPerRow;
-  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kChunks % kThreads == 0, "whole passes");
-  static constexpr int kPasses = kChunks / kThreads;
+struct SeqTileStream : SeqTileShape<kRows, kHeadDim, kThreads> {
+  using Shape = SeqTileShape<kRows, kHeadDim, kThreads>;
+  using Shape::kRowStride, Shape::kChunksPerRow, Shape::kRowsPerPass, Shape::kPasses;
 
   const Element* next;  // the thread's chunk in the first row of the next tile
   int row;              // the thread's first row in a tile; 2^30 (never copied) past D
