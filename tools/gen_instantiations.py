@@ -19,7 +19,7 @@ KERNELS = {
                  "(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t)",
                  {"_fast": ", true", "_generic": ", false"}),
 }
-HAND_WRITTEN = ["dispatch.cu", "launch_plan.cpp", "row_stats.cu", "simt_fp32.cu"]
+HAND_WRITTEN = ["dispatch.cu", "launch_plan.cpp", "row_stats.cu", "simt_fp32.cu", "smem_budget.cu"]
 
 
 def main() -> None:

@@ -14,6 +14,7 @@
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
+#include "cuda/smem_budget.h"
 #include "cuda/tile_io.cuh"
 #include "params.h"
 
@@ -217,9 +218,7 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = BwdKeyTraits<Element, kHeadDim, kFast>;
   auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(T::kSmemBytes));
-  if (err != cudaSuccess) return err;
+  if (cudaError_t err = reserve_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes)) return err;
   const int64_t blocks = p.B * p.N * p.H * plan.k_tiles;
   kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
   return cudaGetLastError();

@@ -8,6 +8,7 @@
 #include "backend.h"
 #include "cuda/kernels.h"
 #include "cuda/launch_plan.h"
+#include "cuda/smem_budget.h"
 
 namespace evoattn {
 namespace {
@@ -34,6 +35,13 @@ class DeviceGuard {
 
 evoattn_status_t cuda_status(const char* fn, cudaError_t err) {
   if (err == cudaSuccess) return EVOATTN_SUCCESS;
+  const cuda::SmemShortfall s = cuda::smem_shortfall();
+  if (err == cudaErrorNotSupported && s.needed != 0) {
+    return set_error(EVOATTN_ERROR_UNSUPPORTED,
+                     std::string(fn) + ": this dtype and head dim need " + std::to_string(s.needed / 1024) +
+                         " KB of shared memory per block and this GPU allows " +
+                         std::to_string(s.allowed / 1024) + " KB (docs/DESIGN.md, Known gaps)");
+  }
   return set_error(EVOATTN_ERROR_CUDA, std::string(fn) + ": CUDA error: " + cudaGetErrorString(err));
 }
 

@@ -14,6 +14,7 @@
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
+#include "cuda/smem_budget.h"
 #include "cuda/tile_io.cuh"
 #include "params.h"
 
@@ -36,9 +37,8 @@ struct FwdTraits {
   static constexpr int kKVElems = kGroups * 2 * kBlockN * kRowStride;  // two stages per group
   static constexpr int kTileFloats = kGroups * kBlockM * kTileStride;
   static constexpr int kKeyFloats = kGroups * 2 * kBlockN;  // two buffers per group
-  static constexpr int kStageElems = kGroups * kBiasStageElems;  // raw bias tiles, 16-bit
-  static constexpr size_t kSmemBytes = (kQElems + 2 * kKVElems + kStageElems) * sizeof(Element) +
-                                       (kTileFloats + kKeyFloats) * sizeof(float);
+  static constexpr size_t kSmemBytes =
+      (kQElems + 2 * kKVElems) * sizeof(Element) + (kTileFloats + kKeyFloats) * sizeof(float);
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "head dim buckets are multiples of 16");
   static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan counts kTile tiles");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
   Element* sK = sQ + T::kQElems;
   Element* sV = sK + T::kKVElems;
-  uint16_t* sStage = reinterpret_cast<uint16_t*>(sV + T::kKVElems);
-  float* sTile = reinterpret_cast<float*>(sStage + T::kStageElems);
+  float* sTile = reinterpret_cast<float*>(sV + T::kKVElems);
   float* sKey = sTile + T::kTileFloats;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -138,12 +137,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
                      vec_v, p.v, group_tid);
   };
   copy_kv(0, j_begin);
-  BiasTileStage<Element> prefetch;
-  prefetch.stage = sStage + (shared_tile ? 0 : group) * kBiasStageElems;
-  if (fast_tile) {
-    prefetch.start(p, plan, fill, b, n, h, i0, j_begin);
-    prefetch.load_next(p, plan, fill, j_begin);
-  }
+  BiasTilePrefetch<Element> prefetch;
+  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, j_begin);
   cp_async_commit();  // group 0: Q, K, V and the raw bias of the first key tile
   KeyBiasPrefetch key_bias;
   // 16 lanes of each of the group's 4 warps own one key each: balanced across warps.
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     __syncthreads();
     if (it + 1 < k_iters) {
       copy_kv(stage ^ 1, j0 + kBlockN);
-      if (fast_tile) prefetch.load_next(p, plan, fill, j0 + kBlockN);
+      if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, j0 + kBlockN);
       cp_async_commit();
       if (key_filler) key_bias.load<kFast>(p, plan, b, n, h, j0 + kBlockN + key_slot);
     }
@@ -317,9 +312,7 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = FwdTraits<Element, kHeadDim>;
   auto kernel = fwd_kernel<Element, kHeadDim, kFast>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(T::kSmemBytes));
-  if (err != cudaSuccess) return err;
+  if (cudaError_t err = reserve_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes)) return err;
   kernel<<<static_cast<unsigned>(plan.fwd_blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
   return cudaGetLastError();
 }

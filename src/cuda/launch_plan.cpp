@@ -66,7 +66,6 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   for (int s = 0; s < kNumBiasSlots; ++s) {
     if (plan.key_slots == 1u << s) plan.key_single_slot = s;
   }
-  if (plan.tile_fast_slot >= 0) plan.tile_fast = p.bias[plan.tile_fast_slot];
   if (plan.key_single_slot >= 0) plan.key_single = p.bias[plan.key_single_slot];
   return plan;
 }

@@ -19,9 +19,9 @@ struct LaunchPlan {
   int32_t tile_fast_slot;    // the only tile slot, in the input dtype, prefetchable with
                              // 16-byte loads; or -1
   bool tile_shared_over_n;   // every tile slot has stride_n == 0 (the Evoformer pair bias)
-  // Copies of p.bias[tile_fast_slot] and p.bias[key_single_slot] (when those are >= 0): the
-  // kernels read them at fixed parameter offsets instead of indexing p.bias at run time.
-  BiasParams tile_fast, key_single;
+  // A copy of p.bias[key_single_slot] (when >= 0): the kernels read it at fixed parameter
+  // offsets instead of indexing p.bias at run time.
+  BiasParams key_single;
   // Whether the tile changes with b, h or the key tile (it always does with the query tile;
   // with n unless tile_shared_over_n).
   bool tile_varies_b, tile_varies_h, tile_varies_k;

@@ -1,13 +1,14 @@
 // Launchers of the float32 SIMT kernels.
 #include "cuda/kernels.h"
 #include "cuda/simt_kernels.cuh"
+#include "cuda/smem_budget.h"
 
 namespace evoattn::cuda {
 namespace {
 
 template <typename Kernel>
 cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  return reserve_smem(reinterpret_cast<const void*>(kernel), bytes);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/launch_plan.cpp
   cuda/row_stats.cu
   cuda/simt_fp32.cu
+  cuda/smem_budget.cu
   cuda/instantiations/fwd_fp16_hdim16_fast.cu
   cuda/instantiations/fwd_fp16_hdim16_generic.cu
   cuda/instantiations/fwd_fp16_hdim32_fast.cu

@@ -214,17 +214,16 @@ struct KeyBiasPrefetch {
   }
 };
 
-// The [64 queries x 64 keys] float bias tile (natural units) is filled cooperatively: each of
-// `fillers` threads owns `units` rows (32 apart) of 16 consecutive keys. 256 threads fill a tile
-// with one unit each (a tile two groups share), 128 threads with two.
+// The [64 queries x 64 keys] float bias tile (natural units) is filled cooperatively: each
+// thread owns `units` rows (32 apart) of 16 consecutive keys. 256 threads fill a tile with one
+// unit each (a tile two groups share), 128 threads with two.
 struct BiasFill {
   int row, col0, units;
-  int slot, fillers;  // this thread's index among the fillers, and their number
 };
 
 __device__ __forceinline__ BiasFill bias_fill_slice(bool shared_tile, int tid, int group_tid) {
   const int t = shared_tile ? tid : group_tid;
-  return BiasFill{t / 4, (t % 4) * 16, shared_tile ? 1 : 2, t, shared_tile ? 256 : 128};
+  return BiasFill{t / 4, (t % 4) * 16, shared_tile ? 1 : 2};
 }
 
 // 8 raw bias values (one 16-byte chunk of the input dtype) -> floats in natural units (the
@@ -249,7 +248,8 @@ __device__ __forceinline__ void store_bias_chunk(float* dst, const uint4& raw) {
 
 // The fast tile path: one bias of the input dtype with unit key stride and 16-byte aligned rows.
 // The raw bytes are fetched one tile ahead into registers and converted after the tile's math.
-// (It indexes p.bias rather than reading plan.tile_fast: the key-side kernel spills with that.)
+// (Staging them in shared memory by cp.async instead saved 16 registers and 2-5% of the D = 32
+// forward on an H100, but its 16 KB took the forward past the 99 KB per block of sm_86/89.)
 template <typename Element>
 struct BiasTilePrefetch {
   uint4 raw[2][2];
@@ -277,66 +277,6 @@ struct BiasTilePrefetch {
       if (u >= f.units) break;
       for (int half = 0; half < 2; ++half) {
         store_bias_chunk<Element>(tile + (f.row + 32 * u) * stride + f.col0 + 8 * half, raw[u][half]);
-      }
-    }
-  }
-};
-
-// Elements of the raw staging area one bias tile needs (BiasTileStage).
-constexpr int kBiasStageElems = 64 * 64;
-
-// BiasTilePrefetch for the forward, which is short of registers: the raw bytes of the next
-// tile go by cp.async (in the caller's commit group) into a staging area, each thread its own
-// chunks, and are converted to the float tile once the group has landed. Only the thread that
-// copied a chunk reads it, so no barrier sits between. `start` computes the thread's row
-// address once per (b, n, h, query tile).
-template <typename Element>
-struct BiasTileStage {
-  const uint16_t* next;  // the thread's first row, column f.col0, of the next key tile
-  uint16_t* stage;       // the staging area (kBiasStageElems), shared by the fillers
-  uint16_t* mine;        // the thread's chunk 0 in it
-  bool row_ok[2];        // its rows (unit 0, 1) lie inside Lq
-
-  // Query tile i0 of (b, n, h), from key j0 on.
-  __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan,
-                                        const BiasFill& f, int64_t b, int64_t n, int64_t h,
-                                        int64_t i0, int64_t j0) {
-    const BiasParams& bp = plan.tile_fast;
-    next = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n +
-           h * bp.stride.h + (i0 + f.row) * bp.stride.q + j0 + f.col0;
-    for (int u = 0; u < 2; ++u) row_ok[u] = i0 + f.row + 32 * u < p.Lq;
-    mine = stage + f.slot * 8;
-  }
-
-  // Chunk c of the thread at (c * fillers + slot) * 8: a warp's 16-byte accesses are contiguous.
-  __device__ __forceinline__ uint16_t* chunk(const BiasFill& f, int c) const {
-    return mine + c * f.fillers * 8;
-  }
-
-  // Issues the copies of keys [j0, j0 + 64) (the tile `next` points into), then steps on.
-  __device__ __forceinline__ void load_next(const FwdParams& p, const LaunchPlan& plan,
-                                            const BiasFill& f, int64_t j0) {
-    const BiasParams& bp = plan.tile_fast;
-    const int64_t left64 = p.Lk - j0;
-    const int left = left64 < 64 ? static_cast<int>(left64) : 64;
-    for (int u = 0; u < 2; ++u) {
-      if (u >= f.units) break;
-      for (int half = 0; half < 2; ++half) {
-        const bool valid = row_ok[u] && f.col0 + 8 * half < left;  // Lk % 8 == 0: whole chunks
-        cp_async_16(chunk(f, 2 * u + half), valid ? next + 32 * u * bp.stride.q + 8 * half : bp.ptr,
-                    valid);
-      }
-    }
-    next += 64;
-  }
-
-  // After the caller's cp_async_wait covering `load`: converts the thread's chunks.
-  __device__ __forceinline__ void store(float* tile, int stride, const BiasFill& f) const {
-    for (int u = 0; u < 2; ++u) {
-      if (u >= f.units) break;
-      for (int half = 0; half < 2; ++half) {
-        store_bias_chunk<Element>(tile + (f.row + 32 * u) * stride + f.col0 + 8 * half,
-                                  *reinterpret_cast<const uint4*>(chunk(f, 2 * u + half)));
       }
     }
   }

@@ -1,0 +1,22 @@
+// Dynamic shared memory for a launch, checked against what the current GPU allows per block:
+// the mma.sync kernels are sized for the H100 (227 KB); an A100 allows 163 KB and the sm_86 /
+// sm_89 GPUs (RTX 30/40, L40) 99 KB, so some head-dim buckets cannot run there.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace evoattn::cuda {
+
+// Allows `kernel` `bytes` of dynamic shared memory (cudaFuncSetAttribute). Returns
+// cudaErrorNotSupported, without touching the kernel, when the current device allows less;
+// smem_shortfall() then tells how much was needed and allowed.
+cudaError_t reserve_smem(const void* kernel, size_t bytes);
+
+struct SmemShortfall {
+  size_t needed, allowed;  // both 0: the calling thread's last reserve_smem succeeded
+};
+SmemShortfall smem_shortfall();
+
+}  // namespace evoattn::cuda
