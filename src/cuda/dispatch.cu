@@ -35,7 +35,7 @@ class DeviceGuard {
 
 evoattn_status_t cuda_status(const char* fn, cudaError_t err) {
   if (err == cudaSuccess) return EVOATTN_SUCCESS;
-  const cuda::SmemShortfall s = cuda::smem_shortfall();
+  const cuda::SmemShortfall s = cuda::take_smem_shortfall();
   if (err == cudaErrorNotSupported && s.needed != 0) {
     return set_error(EVOATTN_ERROR_UNSUPPORTED,
                      std::string(fn) + ": this dtype and head dim need " + std::to_string(s.needed / 1024) +

@@ -1,7 +1,9 @@
 // Forward kernel for float16 / bfloat16 on mma.sync (sm_80+): FlashAttention-2 style.
 //
-//   block = 2 groups x 4 warps; group g owns work item (b, h, q-tile, n), n fastest, so both
-//   groups usually share (b, h, q-tile) and, when the pair bias broadcasts over N, one bias tile.
+//   block = 2 groups x 4 warps, each group one work item (b, n, h, 64-query tile): rows n and
+//   n + 1 of one (b, h, q-tile) (pair_over_n; they share one pair-bias tile, double-buffered,
+//   one barrier per key tile), or two q-tiles of one row, or — with few items (pair_over_k) —
+//   the two halves of one item's key tiles, merged at the end. See LaunchPlan.
 //   for each key tile (64 keys, K/V double-buffered with cp.async):
 //     S  = Q K^T                      (per warp 16 x 64, fp32 accumulators)
 //     S2 = S * scale*log2(e) + (tile bias + key bias) * log2(e)     (log2 domain)
@@ -265,8 +267,10 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     sums[r] += __shfl_xor_sync(0xffffffffu, sums[r], 2);
   }
   if (plan.pair_over_k) {
-    // Group 1 hands its (O, row max, row sum) over the K/V buffers, free after the loop's last
-    // barrier, to the lane of group 0 with the same fragment; group 0 merges the two halves.
+    // Group 1 hands its (O, row max, row sum) over the K/V buffers to the lane of group 0 with
+    // the same fragment; group 0 merges the two halves. The barrier makes the K/V buffers free
+    // whatever the loop's last barrier was (no copies are in flight after the last tile).
+    __syncthreads();
     constexpr int kXch = kDTiles * 4 + 4;
     float* xch = reinterpret_cast<float*>(sK) + ((warp % 4) * 32 + lane) * kXch;
     if (group == 1) {

@@ -16,9 +16,14 @@ cudaError_t reserve_smem(const void* kernel, size_t bytes) {
     last_shortfall = {bytes, static_cast<size_t>(allowed)};
     return cudaErrorNotSupported;
   }
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
 }
 
-SmemShortfall smem_shortfall() { return last_shortfall; }
+SmemShortfall take_smem_shortfall() {
+  const SmemShortfall s = last_shortfall;
+  last_shortfall = {0, 0};
+  return s;
+}
 
 }  // namespace evoattn::cuda

@@ -11,12 +11,14 @@ namespace evoattn::cuda {
 
 // Allows `kernel` `bytes` of dynamic shared memory (cudaFuncSetAttribute). Returns
 // cudaErrorNotSupported, without touching the kernel, when the current device allows less;
-// smem_shortfall() then tells how much was needed and allowed.
+// take_smem_shortfall() then tells how much was needed and allowed.
 cudaError_t reserve_smem(const void* kernel, size_t bytes);
 
 struct SmemShortfall {
-  size_t needed, allowed;  // both 0: the calling thread's last reserve_smem succeeded
+  size_t needed, allowed;  // both 0: no shortfall recorded
 };
-SmemShortfall smem_shortfall();
+// The calling thread's last recorded shortfall, cleared by reading it (so an unrelated
+// cudaErrorNotSupported later is not reported as one).
+SmemShortfall take_smem_shortfall();
 
 }  // namespace evoattn::cuda

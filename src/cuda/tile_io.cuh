@@ -185,32 +185,41 @@ struct KeyBiasPrefetch {
   __device__ __forceinline__ void load(const FwdParams& p, const LaunchPlan& plan, int64_t b,
                                        int64_t n, int64_t h, int64_t col) {
     valid = col < p.Lk;
-    if (kSingle || plan.key_single_slot >= 0) {
+    auto load_single = [&] {
       if (plan.key_single_slot < 0) return;
       const BiasParams& bp = plan.key_single;
       raw[0] = valid ? load_bits(bp, bnh + col * bp.stride.k) : 0u;
-      return;
-    }
-    for (int s = 0; s < kNumBiasSlots; ++s) {
-      raw[s] = 0;
-      if (!(plan.key_slots >> s & 1u) || !valid) continue;
-      const BiasParams& bp = p.bias[s];
-      raw[s] = load_bits(bp, b * bp.stride.b + n * bp.stride.n + h * bp.stride.h + col * bp.stride.k);
+    };
+    if constexpr (kSingle) {
+      load_single();
+    } else if (plan.key_single_slot >= 0) {
+      load_single();
+    } else {
+      for (int s = 0; s < kNumBiasSlots; ++s) {
+        raw[s] = 0;
+        if (!(plan.key_slots >> s & 1u) || !valid) continue;
+        const BiasParams& bp = p.bias[s];
+        raw[s] = load_bits(bp, b * bp.stride.b + n * bp.stride.n + h * bp.stride.h + col * bp.stride.k);
+      }
     }
   }
 
   template <bool kSingle = false>
   __device__ __forceinline__ float value_log2(const FwdParams& p, const LaunchPlan& plan) const {
     if (!valid) return neg_inf();
-    if (kSingle || plan.key_single_slot >= 0) {
-      if (plan.key_single_slot < 0) return 0.0f;
-      return decode(plan.key_single.dtype, raw[0]) * kLog2e;
+    auto single = [&] {
+      return plan.key_single_slot < 0 ? 0.0f : decode(plan.key_single.dtype, raw[0]) * kLog2e;
+    };
+    if constexpr (kSingle) {
+      return single();
+    } else {
+      if (plan.key_single_slot >= 0) return single();
+      float v = 0.0f;
+      for (int s = 0; s < kNumBiasSlots; ++s) {
+        if (plan.key_slots >> s & 1u) v += decode(p.bias[s].dtype, raw[s]);
+      }
+      return v * kLog2e;
     }
-    float v = 0.0f;
-    for (int s = 0; s < kNumBiasSlots; ++s) {
-      if (plan.key_slots >> s & 1u) v += decode(p.bias[s].dtype, raw[s]);
-    }
-    return v * kLog2e;
   }
 };
 
