@@ -218,7 +218,7 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = BwdKeyTraits<Element, kHeadDim, kFast>;
   auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast>;
-  if (cudaError_t err = reserve_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes)) return err;
+  if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   const int64_t blocks = p.B * p.N * p.H * plan.k_tiles;
   kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
   return cudaGetLastError();

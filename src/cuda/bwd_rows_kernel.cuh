@@ -386,7 +386,7 @@ cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsT
   using T = BwdRowTraits<Element, kHeadDim>;
   auto kernel = task.grad_slot < 0 ? bwd_rows_kernel<Element, kHeadDim, true, kFast>
                                    : bwd_rows_kernel<Element, kHeadDim, false, kFast>;
-  if (cudaError_t err = reserve_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes)) return err;
+  if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   kernel<<<static_cast<unsigned>(task.blocks * task.chunks), T::kThreads, T::kSmemBytes, stream>>>(
       p, plan, task);
   if (task.partials == nullptr) return cudaGetLastError();

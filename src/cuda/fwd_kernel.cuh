@@ -316,7 +316,7 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = FwdTraits<Element, kHeadDim>;
   auto kernel = fwd_kernel<Element, kHeadDim, kFast>;
-  if (cudaError_t err = reserve_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes)) return err;
+  if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   kernel<<<static_cast<unsigned>(plan.fwd_blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
   return cudaGetLastError();
 }

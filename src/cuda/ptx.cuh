@@ -15,7 +15,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 // 16-byte global -> shared copy; `valid` = false writes 16 zero bytes instead (zero-fill).
 // The memory clobbers keep the compiler from moving shared-memory accesses across the copy
-// and the wait (a thread re-reads its own staged bytes without a barrier).
+// and the wait.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),

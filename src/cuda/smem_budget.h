@@ -13,6 +13,10 @@ namespace evoattn::cuda {
 // cudaErrorNotSupported, without touching the kernel, when the current device allows less;
 // take_smem_shortfall() then tells how much was needed and allowed.
 cudaError_t reserve_smem(const void* kernel, size_t bytes);
+template <typename Kernel>
+cudaError_t reserve_smem(Kernel* kernel, size_t bytes) {
+  return reserve_smem(reinterpret_cast<const void*>(kernel), bytes);
+}
 
 struct SmemShortfall {
   size_t needed, allowed;  // both 0: no shortfall recorded
