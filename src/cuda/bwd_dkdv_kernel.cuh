@@ -111,8 +111,11 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   };
   load_query_tile(0, 0);
   cp_async_commit();
-  BiasTilePrefetch<Element> prefetch;
-  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, 0, j0);
+  BiasTileStream<Element, false> prefetch;  // along the query tiles
+  if (fast_tile) {
+    prefetch.start(p, plan, fill, b, n, h, 0, j0);
+    prefetch.load_next(plan, fill);
+  }
 
   float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
   for (int d = 0; d < kDTiles; ++d)
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
     if (qt + 1 < plan.q_tiles) {
       load_query_tile(qt + 1, stage ^ 1);
       cp_async_commit();
-      if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0 + kBlockM, j0);
+      if (fast_tile) prefetch.load_next(plan, fill);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();

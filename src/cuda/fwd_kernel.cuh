@@ -139,15 +139,18 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
                      vec_v, p.v, group_tid);
   };
   copy_kv(0, j_begin);
-  BiasTilePrefetch<Element> prefetch;
-  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, j_begin);
+  BiasTileStream<Element, true> prefetch;
+  if (fast_tile) {
+    prefetch.start(p, plan, fill, b, n, h, i0, j_begin);
+    prefetch.load_next(plan, fill);
+  }
   cp_async_commit();  // group 0: Q, K, V and the raw bias of the first key tile
-  KeyBiasPrefetch key_bias;
+  KeyBiasStream key_bias;
   // 16 lanes of each of the group's 4 warps own one key each: balanced across warps.
   const int key_slot = (warp % 4) * 16 + lane;
   const bool key_filler = lane < 16;
-  key_bias.start(p, plan, b, n, h);
-  if (key_filler) key_bias.load<kFast>(p, plan, b, n, h, j_begin + key_slot);
+  key_bias.start(p, plan, b, n, h, j_begin + key_slot);
+  if (key_filler) key_bias.load_next<kFast>(p, plan, b, n, h);
 
   uint32_t q_frag[kKSteps][4];
   float acc_o[kDTiles][4];
@@ -174,9 +177,9 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
     __syncthreads();
     if (it + 1 < k_iters) {
       copy_kv(stage ^ 1, j0 + kBlockN);
-      if (fast_tile) prefetch.load(p, plan, fill, b, n, h, i0, j0 + kBlockN);
+      if (fast_tile) prefetch.load_next(plan, fill);
       cp_async_commit();
-      if (key_filler) key_bias.load<kFast>(p, plan, b, n, h, j0 + kBlockN + key_slot);
+      if (key_filler) key_bias.load_next<kFast>(p, plan, b, n, h);
     }
 
     if (it == 0) {

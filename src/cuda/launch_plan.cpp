@@ -62,6 +62,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
     if (fast) plan.tile_fast_slot = s;
   }
   if (num_tiles != 1) plan.tile_fast_slot = -1;
+  if (plan.tile_fast_slot >= 0) plan.tile_single = p.bias[plan.tile_fast_slot];
   plan.key_single_slot = -1;
   for (int s = 0; s < kNumBiasSlots; ++s) {
     if (plan.key_slots == 1u << s) plan.key_single_slot = s;

@@ -22,6 +22,8 @@ struct LaunchPlan {
   // A copy of p.bias[key_single_slot] (when >= 0): the kernels read it at fixed parameter
   // offsets instead of indexing p.bias at run time.
   BiasParams key_single;
+  // Likewise a copy of p.bias[tile_fast_slot] (when >= 0).
+  BiasParams tile_single;
   // Whether the tile changes with b, h or the key tile (it always does with the query tile;
   // with n unless tile_shared_over_n).
   bool tile_varies_b, tile_varies_h, tile_varies_k;

@@ -223,6 +223,56 @@ struct KeyBiasPrefetch {
   }
 };
 
+// KeyBiasPrefetch for a kernel that walks one (b, n, h)'s key columns a tile at a time (the
+// forward): with one key slot the thread keeps a pointer to its next column, so a tile costs a
+// compare, a load and a pointer step. Several slots take the general path.
+struct KeyBiasStream : KeyBiasPrefetch {
+  const unsigned char* next;  // one key slot: the next column's bytes
+  int64_t col;                // the next column
+  int left;                   // Lk - col, clamped to int
+
+  __device__ __forceinline__ static int dtype_bytes(DType t) {
+    return t == DType::kF32 ? 4 : t == DType::kBool ? 1 : 2;
+  }
+
+  __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan, int64_t b,
+                                        int64_t n, int64_t h, int64_t col0) {
+    col = col0;
+    constexpr int64_t kFar = int64_t{1} << 30;
+    left = static_cast<int>(p.Lk - col0 < kFar ? p.Lk - col0 : kFar);
+    if (plan.key_single_slot < 0) return;
+    const BiasParams& bp = plan.key_single;
+    const ScoreStrides& st = bp.stride;
+    next = static_cast<const unsigned char*>(bp.ptr) +
+           (b * st.b + n * st.n + h * st.h + col0 * st.k) * dtype_bytes(bp.dtype);
+  }
+
+  template <bool kSingle = false>
+  __device__ __forceinline__ void load_next(const FwdParams& p, const LaunchPlan& plan, int64_t b,
+                                            int64_t n, int64_t h) {
+    if (kSingle || plan.key_single_slot >= 0) {
+      valid = left > 0;
+      if (plan.key_single_slot >= 0) {
+        const BiasParams& bp = plan.key_single;
+        uint32_t bits = 0;
+        if (valid) {
+          switch (bp.dtype) {
+            case DType::kF32: bits = *reinterpret_cast<const uint32_t*>(next); break;
+            case DType::kBool: bits = *next; break;
+            default: bits = *reinterpret_cast<const uint16_t*>(next); break;
+          }
+        }
+        raw[0] = bits;
+        next += kTile * bp.stride.k * dtype_bytes(bp.dtype);
+      }
+    } else {
+      load(p, plan, b, n, h, col);
+    }
+    col += kTile;
+    left -= kTile;
+  }
+};
+
 // The [64 queries x 64 keys] float bias tile (natural units) is filled cooperatively: each
 // thread owns `units` rows (32 apart) of 16 consecutive keys. 256 threads fill a tile with one
 // unit each (a tile two groups share), 128 threads with two.
@@ -254,7 +304,6 @@ __device__ __forceinline__ void store_bias_chunk(float* dst, const uint4& raw) {
   *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
   *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
-
 // The fast tile path: one bias of the input dtype with unit key stride and 16-byte aligned rows.
 // The raw bytes are fetched one tile ahead into registers and converted after the tile's math.
 // (Staging them in shared memory by cp.async instead saved 16 registers and 2-5% of the D = 32
@@ -266,7 +315,7 @@ struct BiasTilePrefetch {
   __device__ __forceinline__ void load(const FwdParams& p, const LaunchPlan& plan,
                                        const BiasFill& f, int64_t b, int64_t n, int64_t h,
                                        int64_t i0, int64_t j0) {
-    const BiasParams& bp = p.bias[plan.tile_fast_slot];
+    const BiasParams& bp = plan.tile_single;
     const uint16_t* base = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b +
                            n * bp.stride.n + h * bp.stride.h;
     for (int u = 0; u < 2; ++u) {
@@ -287,6 +336,49 @@ struct BiasTilePrefetch {
       for (int half = 0; half < 2; ++half) {
         store_bias_chunk<Element>(tile + (f.row + 32 * u) * stride + f.col0 + 8 * half, raw[u][half]);
       }
+    }
+  }
+};
+
+// BiasTilePrefetch for a kernel that walks the tiles of one (b, n, h) in order, along the keys
+// (the forward) or along the queries (dK/dV): the thread keeps a pointer to its chunk of the
+// next tile and how many rows and columns remain from it, so a tile costs per chunk a compare
+// and a load, plus one pointer step — not the full 64-bit address of every chunk.
+template <typename Element, bool kAlongKeys>
+struct BiasTileStream : BiasTilePrefetch<Element> {
+  using BiasTilePrefetch<Element>::raw;
+  const uint16_t* next;      // the thread's first chunk of the next tile
+  int rows_left, cols_left;  // from the thread's first row / column of the next tile to Lq / Lk
+
+  __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan,
+                                        const BiasFill& f, int64_t b, int64_t n, int64_t h,
+                                        int64_t i0, int64_t j0) {
+    const BiasParams& bp = plan.tile_single;
+    const int64_t i = i0 + f.row, j = j0 + f.col0;
+    next = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n +
+           h * bp.stride.h + i * bp.stride.q + j;
+    constexpr int64_t kFar = int64_t{1} << 30;  // "no limit" for lengths past int range
+    rows_left = static_cast<int>(p.Lq - i < kFar ? p.Lq - i : kFar);
+    cols_left = static_cast<int>(p.Lk - j < kFar ? p.Lk - j : kFar);
+  }
+
+  __device__ __forceinline__ void load_next(const LaunchPlan& plan, const BiasFill& f) {
+    const int64_t row_stride = plan.tile_single.stride.q;
+    for (int u = 0; u < 2; ++u) {
+      if (u >= f.units) break;
+      for (int half = 0; half < 2; ++half) {
+        // Fast tiles have Lk % 8 == 0: a chunk is wholly inside or wholly past Lk.
+        const bool ok = rows_left > 32 * u && cols_left > 8 * half;
+        raw[u][half] = ok ? *reinterpret_cast<const uint4*>(next + 32 * u * row_stride + 8 * half)
+                          : make_uint4(0, 0, 0, 0);
+      }
+    }
+    if constexpr (kAlongKeys) {
+      next += kTile;
+      cols_left -= kTile;
+    } else {
+      next += kTile * row_stride;
+      rows_left -= kTile;
     }
   }
 };
