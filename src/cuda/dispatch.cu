@@ -66,11 +66,13 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
                                    : fwd_mma_path<Element, false>(p, plan, stream);
 }
 
-// Workspace layout: [row statistics][partials of d_mask_bias][partials of d_pair_bias],
-// each part 256-byte aligned.
+// Workspace layout: [row statistics][running dQ][partials of d_mask_bias][partials of
+// d_pair_bias], each part 256-byte aligned; the running dQ only when the dK/dV kernel computes
+// dQ over more than one key tile (LaunchPlan::fuse_dq).
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {
+  size_t dq_accum_offset;  // 0: none
   size_t partial_offset[kNumGradSlots];
   size_t total;
 };
@@ -80,6 +82,10 @@ WorkspaceLayout workspace_layout(const BwdParams& p) {
   size_t offset = align256(row_stats_bytes(p));
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
     const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+    if (plan.fuse_dq && plan.k_tiles > 1) {
+      w.dq_accum_offset = offset;
+      offset += align256(static_cast<size_t>(num_rows(p)) * plan.dq_width * sizeof(float));
+    }
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
       w.partial_offset[slot] = offset;
       if (p.dbias[slot].ptr != nullptr) offset += align256(cuda::rows_task_partial_bytes(p, plan, slot));
@@ -90,10 +96,13 @@ WorkspaceLayout workspace_layout(const BwdParams& p) {
 }
 
 template <typename Element, int kHeadDim, bool kFast>
-cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream)) return e;
+cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t stream) {
   const WorkspaceLayout layout = workspace_layout(p);
-  for (int slot = -1; slot < kNumGradSlots; ++slot) {
+  if (layout.dq_accum_offset != 0) {
+    plan.dq_accum = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + layout.dq_accum_offset);
+  }
+  if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream)) return e;
+  for (int slot = plan.fuse_dq ? 0 : -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;
     float* partials = slot < 0 ? nullptr
                                : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +

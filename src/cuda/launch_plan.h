@@ -35,6 +35,12 @@ struct LaunchPlan {
   // item instead and merge their partial softmax at the end: twice the parallelism.
   bool pair_over_k;
   int64_t fwd_blocks;
+  // Backward: the dK/dV kernel also computes dQ (one block per (b, n, h) walking its key tiles
+  // in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives between key
+  // tiles in `dq_accum` (workspace, float32 [B, N, H, Lq, dq_width]; null with one key tile).
+  bool fuse_dq;
+  int32_t dq_width;  // D rounded up to 8
+  float* dq_accum;
 };
 
 // Whether a forward can take the kernels compiled for the common case (their `kFast`): 16-byte
@@ -70,6 +76,9 @@ constexpr int kTile = 64;
 // Forward work items (b, n, h, query tile) below which the groups split keys (pair_over_k):
 // 4 per SM (two blocks of two groups) on a 132-SM H100 is 528.
 constexpr int64_t kFewForwardItems = 512;
+// (b, n, h) rows below which the backward keeps dQ in its own pass (one dK/dV block per key
+// tile instead of per row: more parallelism): two blocks per SM on a 132-SM H100 is 264.
+constexpr int64_t kFewBackwardRows = 256;
 
 // `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,

@@ -26,6 +26,13 @@ std::vector<Case> grid() {
     // Lk % 8 == 0 with biases in the input dtype: the CUDA kernels' fast path.
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(1, 8, 2, 64, 64, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
+    // B N H >= 256: the CUDA dK/dV kernel computes dQ too, summing over key tiles in the
+    // workspace (one key tile: straight to dq; one query tile: the sum re-read at once).
+    cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(1, 32, 8, 70, 50, 24, dt).biases("bn11k", "b1hqk").grads(true, false));
+    cases.push_back(shape(1, 32, 8, 66, 129, 64, dt).biases("bn11k", "b1hqk").grads(false, true));
+    cases.push_back(shape(1, 64, 4, 65, 72, 128, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(1, 128, 2, 40, 200, 16, dt).biases("bn11k", "b1hqk").grads(true, true));
   }
   Case scaled =
       shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk").grads(true, true);

@@ -14,6 +14,8 @@ std::vector<Case> determinism_cases() {
     cases.push_back(
         shape(2, 3, 2, 97, 70, 32, dt).biases("bn11k", "b1hqk").grads(true, true).with_mask("bnk"));
   }
+  // B N H >= 256: dQ from the dK/dV kernel, summed over key tiles in the workspace.
+  cases.push_back(shape(1, 64, 4, 97, 136, 32, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
   cases.push_back(shape(3, 2, 2, 40, 130, 24, EVOATTN_FLOAT32)
                       .biases("1nhq1", "bnhqk")
                       .grads(true, true)
