@@ -91,14 +91,9 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   block /= p.H;
   const int64_t n = block % p.N, b = block / p.N;
 
-  const RowPtr q_src = row_ptr<Element>(p.q, p.q_stride, b, n, h);
-  const RowPtr do_src = row_ptr<Element>(p.d_o, p.do_stride, b, n, h);
-  const RowPtr k_src = row_ptr<Element>(p.k, p.k_stride, b, n, h);
-  const RowPtr v_src = row_ptr<Element>(p.v, p.v_stride, b, n, h);
+  // Row pointers are rebuilt from the parameters where used: kept live across the loops they
+  // would push the D <= 32 variants past their 168 registers.
   const int64_t stats_row = bnh * p.Lq;
-  const float* delta = static_cast<const float*>(p.workspace) + stats_row;
-  const float* row_max = delta + num_rows(p);
-  const float* row_log_sum = row_max + num_rows(p);
   const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
   const BiasFill fill = bias_fill_slice(false, tid, tid);
   // The running dQ of this (b, n, h): rows of plan.dq_width floats.
@@ -109,13 +104,17 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   // row_max = +inf: P = 0.
   float next_max = 0.0f, next_log_sum = 0.0f, next_delta = 0.0f;
   using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
-  const QCopy q_copy{q_src}, do_copy{do_src};
   auto load_query_tile = [&](int qt, int s) {
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
+    const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
+    const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
     q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_q), tid);
     do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_do), tid);
     if (tid < kBlockM) {
       const int64_t i = i0 + tid;
+      const float* delta = static_cast<const float*>(p.workspace) + stats_row;
+      const float* row_max = delta + num_rows(p);
+      const float* row_log_sum = row_max + num_rows(p);
       next_max = i < p.Lq ? row_max[i] : -neg_inf();
       next_log_sum = i < p.Lq ? row_log_sum[i] : 0.0f;
       next_delta = i < p.Lq ? delta[i] : 0.0f;
@@ -136,8 +135,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   for (int kt = kt_first; kt < kt_end; ++kt) {
     const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
     // The previous key tile's last barrier freed K, V and the key biases.
-    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, k_src, j0, p.Lk, p.D, (kFast || plan.vec_k), tid);
-    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, v_src, j0, p.Lk, p.D, (kFast || plan.vec_v), tid);
+    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h), j0, p.Lk, p.D, (kFast || plan.vec_k), tid);
+    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h), j0, p.Lk, p.D, (kFast || plan.vec_v), tid);
     cp_async_commit();
     if (tid < kBlockN) {  // the key tile's biases load once
       KeyBiasPrefetch key_bias;
