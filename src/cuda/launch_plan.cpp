@@ -73,7 +73,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
 
 LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
   LaunchPlan plan = make_launch_plan(static_cast<const FwdParams&>(p), block_m, block_n);
-  plan.fuse_dq = p.B * p.N * p.H >= kFewBackwardRows;
+  plan.fuse_dq = p.B * p.N * p.H >= kFewBackwardRows && p.D <= kMaxFusedDqHeadDim;
   plan.dq_width = (p.D + 7) / 8 * 8;
   plan.dq_accum = nullptr;
   plan.vec_do = rows_vectorizable(p.d_o, p.do_stride, p.D, p.dtype);

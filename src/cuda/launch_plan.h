@@ -79,6 +79,8 @@ constexpr int64_t kFewForwardItems = 512;
 // (b, n, h) rows below which the backward keeps dQ in its own pass (one dK/dV block per key
 // tile instead of per row: more parallelism): two blocks per SM on a 132-SM H100 is 264.
 constexpr int64_t kFewBackwardRows = 256;
+// The largest head dim whose dK/dV kernel also computes dQ.
+constexpr int kMaxFusedDqHeadDim = 64;
 
 // `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,
