@@ -127,15 +127,14 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   };
   load_query_tile(0, 0);
   cp_async_commit();
-  BiasTileStream<Element, false> prefetch;  // along the query tiles
-  if (fast_tile) {
-    prefetch.start(p, plan, fill, b, n, h, 0, static_cast<int64_t>(kt_first) * kBlockN);
-    prefetch.load_next(plan, fill);
-  }
+  BiasTilePrefetch<Element> prefetch;
+  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, 0, static_cast<int64_t>(kt_first) * kBlockN);
 
   // cp.async groups, in issue order: per key tile its K, V; per query tile the running dQ
   // (empty unless fuse_dq past the first key tile) and then the next query tile's Q, dO.
-  // Stage of a query tile: the parity of its position in the block's walk.
+  // Stage of a query tile: the parity of its position in the block's walk. The walk snakes:
+  // odd key tiles take the query tiles in reverse, so the running dQ (and Q, dO) a key tile
+  // starts with are the ones the previous one just left, still in L2.
   int walk = 0;
   for (int kt = kt_first; kt < kt_end; ++kt) {
     const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
@@ -155,8 +154,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
     for (int d = 0; d < kDTiles; ++d)
       for (int e = 0; e < 4; ++e) acc_dk[d][e] = acc_dv[d][e] = 0.0f;
 
-    for (int qt = 0; qt < plan.q_tiles; ++qt, ++walk) {
+    const bool reverse = (kt - kt_first) & 1;
+    for (int step = 0; step < plan.q_tiles; ++step, ++walk) {
       const int stage = walk & 1;
+      const int qt = reverse ? plan.q_tiles - 1 - step : step;
       const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
       if (fast_tile) {
         prefetch.store(sTile, kTileStride, fill);
@@ -179,13 +180,16 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
       }
       cp_async_commit();
       const bool last_kt = kt + 1 == kt_end;
-      const bool has_next = qt + 1 < plan.q_tiles || !last_kt;
+      const bool last_step = step + 1 == plan.q_tiles;
+      const bool has_next = !last_step || !last_kt;
       if (has_next) {
-        load_query_tile(qt + 1 < plan.q_tiles ? qt + 1 : 0, stage ^ 1);
+        // The next tile: the walk's neighbour, or this query tile again for the next key tile.
+        const int next_qt = last_step ? qt : reverse ? qt - 1 : qt + 1;
+        load_query_tile(next_qt, stage ^ 1);
         cp_async_commit();
         if (fast_tile) {
-          if (qt + 1 == plan.q_tiles) prefetch.start(p, plan, fill, b, n, h, 0, j0 + kBlockN);
-          prefetch.load_next(plan, fill);
+          prefetch.load(p, plan, fill, b, n, h, static_cast<int64_t>(next_qt) * kBlockM,
+                        last_step ? j0 + kBlockN : j0);
         }
         cp_async_wait<2>();  // all but the running dQ and the next query tile
       } else {

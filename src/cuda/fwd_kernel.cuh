@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
                      vec_v, p.v, group_tid);
   };
   copy_kv(0, j_begin);
-  BiasTileStream<Element, true> prefetch;
+  BiasTileStream<Element> prefetch;
   if (fast_tile) {
     prefetch.start(p, plan, fill, b, n, h, i0, j_begin);
     prefetch.load_next(plan, fill);

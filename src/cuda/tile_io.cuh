@@ -340,11 +340,11 @@ struct BiasTilePrefetch {
   }
 };
 
-// BiasTilePrefetch for a kernel that walks the tiles of one (b, n, h) in order, along the keys
-// (the forward) or along the queries (dK/dV): the thread keeps a pointer to its chunk of the
-// next tile and how many rows and columns remain from it, so a tile costs per chunk a compare
-// and a load, plus one pointer step — not the full 64-bit address of every chunk.
-template <typename Element, bool kAlongKeys>
+// BiasTilePrefetch for a kernel that walks the key tiles of one (b, n, h) in order (the
+// forward): the thread keeps a pointer to its chunk of the next tile and how many rows and
+// columns remain from it, so a tile costs per chunk a compare and a load, plus one pointer
+// step — not the full 64-bit address of every chunk.
+template <typename Element>
 struct BiasTileStream : BiasTilePrefetch<Element> {
   using BiasTilePrefetch<Element>::raw;
   const uint16_t* next;      // the thread's first chunk of the next tile
@@ -373,13 +373,8 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
                           : make_uint4(0, 0, 0, 0);
       }
     }
-    if constexpr (kAlongKeys) {
-      next += kTile;
-      cols_left -= kTile;
-    } else {
-      next += kTile * row_stride;
-      rows_left -= kTile;
-    }
+    next += kTile;
+    cols_left -= kTile;
   }
 };
 
