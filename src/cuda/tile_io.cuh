@@ -114,6 +114,7 @@ struct SeqTileStream : SeqTileShape<kRows, kHeadDim, kThreads> {
   int row;              // the thread's first row in a tile; 2^30 (never copied) past D
   int dst;              // the thread's first element in a tile
 
+  SeqTileStream() = default;
   // The first tile starts at row `row0`.
   __device__ __forceinline__ SeqTileStream(const RowPtr& r, int64_t row0, int D, int tid) {
     const int r0 = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
