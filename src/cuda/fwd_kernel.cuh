@@ -239,8 +239,12 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
         }
       }
 
-      // Scores in the log2 domain, then the online softmax on rows g and g + 8.
-      float tile_max[2] = {neg_inf(), neg_inf()};
+      // Scores in the log2 domain, then the online softmax on rows g and g + 8. Row maxima and
+      // sums gather in four independent partials per row (short dependency chains: the loop is
+      // latency-bound), combined as a tree.
+      float part_max[2][4];
+      for (int r = 0; r < 2; ++r)
+        for (int k = 0; k < 4; ++k) part_max[r][k] = neg_inf();
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int c = nt * 8 + 2 * t;
         const float2 kb = *reinterpret_cast<const float2*>(keys + c);
@@ -254,11 +258,12 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
         s[nt][1] = score_log2(s[nt][1], p.scale_log2, kb.y, tb0.y);
         s[nt][2] = score_log2(s[nt][2], p.scale_log2, kb.x, tb1.x);
         s[nt][3] = score_log2(s[nt][3], p.scale_log2, kb.y, tb1.y);
-        tile_max[0] = fmaxf(tile_max[0], fmaxf(s[nt][0], s[nt][1]));
-        tile_max[1] = fmaxf(tile_max[1], fmaxf(s[nt][2], s[nt][3]));
+        part_max[0][nt % 4] = fmaxf(part_max[0][nt % 4], fmaxf(s[nt][0], s[nt][1]));
+        part_max[1][nt % 4] = fmaxf(part_max[1][nt % 4], fmaxf(s[nt][2], s[nt][3]));
       }
-      float m_use[2];
+      float m_use[2], tile_max[2];
       for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(fmaxf(part_max[r][0], part_max[r][1]), fmaxf(part_max[r][2], part_max[r][3]));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
         const float m_new = fmaxf(row_max[r], tile_max[r]);
@@ -272,11 +277,15 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
           acc_o[d][2 * r + 1] *= alpha;
         }
       }
+      float part_sum[2][4] = {};
       for (int nt = 0; nt < kNTiles; ++nt) {
         for (int e = 0; e < 4; ++e) {
           s[nt][e] = exp2_approx(s[nt][e] - m_use[e / 2]);
-          row_sum[e / 2] += s[nt][e];
+          part_sum[e / 2][nt % 4] += s[nt][e];
         }
+      }
+      for (int r = 0; r < 2; ++r) {
+        row_sum[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
       }
 
       // O += P V, P straight from the S accumulators (their layout is the A-fragment layout).
