@@ -43,16 +43,18 @@ struct BwdKeyTraits {
   // dQ in this kernel (LaunchPlan::fuse_dq) up to head dim 64: at 128 its 64 more accumulators
   // spill the loop.
   static constexpr bool kFusesDq = kHeadDim <= kMaxFusedDqHeadDim;
-  static constexpr int kDsElems = kFusesDq ? kBlockN * kDsStride : 0;
-  static constexpr int kDqFloats = kFusesDq ? kBlockM * kDqStride : 0;
-  static constexpr size_t kSmemBytes =
-      ((2 + 4) * kSeqElems + kDsElems) * sizeof(Element) +
-      (kBlockM * kTileStride + kBlockN + 3 * kBlockM + kDqFloats) * sizeof(float);
+  // Without fuse_dq the launch leaves off the dS^T and running-dQ buffers at the end, so an
+  // unfused dK/dV still fits GPUs with less shared memory (sm_86/89 at D = 64).
+  static constexpr size_t kSmemBytes = dkdv_smem_bytes(kHeadDim, false);
+  static constexpr size_t kSmemBytesFused = dkdv_smem_bytes(kHeadDim, kFusesDq);
+  static_assert(sizeof(Element) == 2 && kBlockM == kTile && kBlockN == kTile &&
+                    kTileStride == kTile + 4 && kDsStride == kTile + 8,
+                "dkdv_smem_bytes counts this layout");
   // Three blocks per SM for head dim 16 (registers capped at 168), two up to 64: at three the
   // D = 32 loop spills, and on an H100 two unspilled blocks ran the backward 8-12% faster.
   static constexpr int kMinBlocksPerSm = kHeadDim <= 16 ? 3 : kHeadDim <= 64 ? 2 : 1;
   static_assert(kBlockM == kTile && kBlockN == kTile, "one tile shape for K, V, Q and dO: the plan's");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+  static_assert(kSmemBytesFused <= 227 * 1024, "shared memory per block on sm_90");
 };
 
 // kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out.
@@ -71,13 +73,14 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   Element* sV = sK + T::kSeqElems;
   Element* sQ = sV + T::kSeqElems;   // [2 stages]
   Element* sdO = sQ + 2 * T::kSeqElems;  // [2 stages]
-  Element* sdS = sdO + 2 * T::kSeqElems;
-  float* sTile = reinterpret_cast<float*>(sdS + T::kDsElems);
+  float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
   float* sKey = sTile + kBlockM * kTileStride;
   float* sRowMax = sKey + kBlockN;        // [kBlockM] row statistics of the query tile
   float* sRowLogSum = sRowMax + kBlockM;  // [kBlockM]
   float* sDelta = sRowLogSum + kBlockM;   // [kBlockM]
-  float* sdQ = sDelta + kBlockM;          // [kBlockM][kDqStride] running dQ of the query tile
+  // fuse_dq only (past kSmemBytes): dS^T and the running dQ of the query tile.
+  float* sdQ = sDelta + kBlockM;                            // [kBlockM][kDqStride]
+  Element* sdS = reinterpret_cast<Element*>(sdQ + kBlockM * kDqStride);  // [kBlockN][kDsStride]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
@@ -338,9 +341,10 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = BwdKeyTraits<Element, kHeadDim, kFast>;
   auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast>;
-  if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
+  const size_t smem = plan.fuse_dq ? T::kSmemBytesFused : T::kSmemBytes;
+  if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
   return cudaGetLastError();
 }
 

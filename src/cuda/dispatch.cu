@@ -66,6 +66,20 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
                                    : fwd_mma_path<Element, false>(p, plan, stream);
 }
 
+// The backward's launch plan: the dK/dV kernel computes dQ only where its larger shared
+// memory fits this GPU (RTX 30/40 and L40 allow 99 KB per block: not at D = 64).
+LaunchPlan bwd_launch_plan(const BwdParams& p) {
+  LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  if (plan.fuse_dq) {
+    int allowed = 0;
+    if (cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device) != cudaSuccess ||
+        cuda::dkdv_smem_bytes(head_dim_bucket(p.D), true) > static_cast<size_t>(allowed)) {
+      plan.fuse_dq = false;
+    }
+  }
+  return plan;
+}
+
 // Workspace layout: [row statistics][running dQ][partials of d_mask_bias][partials of
 // d_pair_bias], each part 256-byte aligned; the running dQ only when the dK/dV kernel computes
 // dQ over more than one key tile (LaunchPlan::fuse_dq).
@@ -81,7 +95,7 @@ WorkspaceLayout workspace_layout(const BwdParams& p) {
   WorkspaceLayout w{};
   size_t offset = align256(row_stats_bytes(p));
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
-    const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+    const LaunchPlan plan = bwd_launch_plan(p);
     if (plan.fuse_dq && plan.k_tiles > 1) {
       w.dq_accum_offset = offset;
       offset += align256(static_cast<size_t>(num_rows(p)) * plan.dq_width * sizeof(float));
@@ -121,7 +135,7 @@ cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_
 
 template <typename Element>
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
-  const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  const LaunchPlan plan = bwd_launch_plan(p);
   if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
   switch (head_dim_bucket(p.D)) {
     case 16: return bwd_mma_hdim<Element, 16>(p, plan, stream);
