@@ -80,6 +80,23 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
   return plan;
 }
 
+// float32 with options.allow_tf32: the TF32 tensor-core forward; where its shared memory does
+// not fit the GPU, the IEEE SIMT forward (more exact, slower) instead of an error.
+cudaError_t fwd_tf32(const FwdParams& p, cudaStream_t stream) {
+  const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  cudaError_t err;
+  switch (head_dim_bucket(p.D)) {
+    case 16: err = cuda::run_fwd_tf32<16>(p, plan, stream); break;
+    case 32: err = cuda::run_fwd_tf32<32>(p, plan, stream); break;
+    case 64: err = cuda::run_fwd_tf32<64>(p, plan, stream); break;
+    default: err = cuda::run_fwd_tf32<128>(p, plan, stream); break;
+  }
+  if (err == cudaErrorNotSupported && cuda::take_smem_shortfall().needed != 0) {
+    return cuda::run_simt_fwd(p, stream);
+  }
+  return err;
+}
+
 // Workspace layout: [row statistics][running dQ][partials of d_mask_bias][partials of
 // d_pair_bias], each part 256-byte aligned; the running dQ only when the dK/dV kernel computes
 // dQ over more than one key tile (LaunchPlan::fuse_dq).
@@ -174,7 +191,8 @@ evoattn_status_t cuda_forward(const FwdParams& p, void* stream_ptr) {
   switch (p.dtype) {
     case DType::kF16: return cuda_status(fn, fwd_mma<__half>(p, stream));
     case DType::kBF16: return cuda_status(fn, fwd_mma<__nv_bfloat16>(p, stream));
-    default: return cuda_status(fn, cuda::run_simt_fwd(p, stream));
+    default:
+      return cuda_status(fn, p.allow_tf32 ? fwd_tf32(p, stream) : cuda::run_simt_fwd(p, stream));
   }
 }
 

@@ -21,6 +21,10 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream);
 
+// float32 on TF32 tensor cores (options.allow_tf32), forward only; tiles of 64 x 64.
+template <int kHeadDim>
+cudaError_t run_fwd_tf32(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
+
 // The backward's row statistics (Delta, row max, row log-sum) for every dtype (row_stats.cu).
 template <typename Element>
 cudaError_t run_row_stats(const BwdParams& p, bool vec, cudaStream_t stream);

@@ -170,6 +170,7 @@ std::string Case::name() const {
   if (out_layout != Layout::kContiguous) s << "_out_" << layout_name(out_layout);
   if (scale != 0.0) s << "_scaled";
   if (nan_inputs) s << "_nan";
+  if (tf32) s << "_tf32";
   s << "_s" << seed;
   return s.str();
 }
@@ -210,6 +211,7 @@ evoattn_options_t case_options(const Case& c) {
     options.has_scale = 1;
     options.scale = c.scale;
   }
+  options.allow_tf32 = c.tf32 ? 1 : 0;
   return options;
 }
 

@@ -55,6 +55,7 @@ struct Case {
   Layout out_layout = Layout::kContiguous;  // o, lse and every gradient
   double scale = 0.0;                       // 0 = the default 1/sqrt(D)
   bool nan_inputs = false;                  // a NaN in k, v and the pair bias (see plant_nans)
+  bool tf32 = false;                        // options.allow_tf32 (float32 inputs)
   uint64_t seed = 0;
 
   Case& biases(std::string mb, std::string pb);
