@@ -44,7 +44,7 @@ struct BwdKeyTraits {
   // spill the loop.
   static constexpr bool kFusesDq = kHeadDim <= kMaxFusedDqHeadDim;
   // Without fuse_dq the launch leaves off the dS^T and running-dQ buffers at the end, so an
-  // unfused dK/dV still fits GPUs with less shared memory (sm_86/89 at D = 64).
+  // unfused dK/dV still fits a GPU with less shared memory than the fused one needs.
   static constexpr size_t kSmemBytes = dkdv_smem_bytes(kHeadDim, false);
   static constexpr size_t kSmemBytesFused = dkdv_smem_bytes(kHeadDim, kFusesDq);
   static_assert(sizeof(Element) == 2 && kBlockM == kTile && kBlockN == kTile &&

@@ -67,7 +67,7 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
 }
 
 // The backward's launch plan: the dK/dV kernel computes dQ only where its larger shared
-// memory fits this GPU (RTX 30/40 and L40 allow 99 KB per block: not at D = 64).
+// memory fits this GPU (at D = 64 it needs 99 KB, exactly what RTX 30/40 and L40 allow).
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   if (plan.fuse_dq) {

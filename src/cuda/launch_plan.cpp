@@ -23,6 +23,12 @@ bool pairs_storable(const void* ptr, const SeqStrides& s, int D, DType t) {
          s.h % 2 == 0 && reinterpret_cast<uintptr_t>(ptr) % 4 == 0;
 }
 
+// Whether the shape asks the dK/dV kernel to compute dQ (LaunchPlan::fuse_dq before the
+// dispatcher's check that its shared memory fits the GPU).
+bool fuse_dq_by_shape(const BwdParams& p) {
+  return p.B * p.N * p.H >= kFewBackwardRows && p.D <= kMaxFusedDqHeadDim;
+}
+
 }  // namespace
 
 LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
@@ -73,7 +79,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
 
 LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
   LaunchPlan plan = make_launch_plan(static_cast<const FwdParams&>(p), block_m, block_n);
-  plan.fuse_dq = p.B * p.N * p.H >= kFewBackwardRows && p.D <= kMaxFusedDqHeadDim;
+  plan.fuse_dq = fuse_dq_by_shape(p);
   plan.dq_width = (p.D + 7) / 8 * 8;
   plan.dq_accum = nullptr;
   plan.vec_do = rows_vectorizable(p.d_o, p.do_stride, p.D, p.dtype);
@@ -114,9 +120,13 @@ RowsTask base_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
   return task;
 }
 
-// SPEC: backward workspace <= float32 buffers the size of dQ plus one per bias gradient.
+// SPEC: backward workspace <= float32 buffers the size of dQ plus one per bias gradient. The
+// running dQ of a fused dK/dV pass takes the dQ share; the rule looks at the shape only, so
+// chunk counts (and the summation order of the bias gradients) are the same on every GPU.
 int64_t chunk_budget(const BwdParams& p, const RowsTask& t) {
-  const int64_t allowance = p.B * p.N * p.Lq * p.H * p.D + p.B * p.N * p.H * p.Lq * p.Lk;
+  const bool running_dq = fuse_dq_by_shape(p) && p.Lk > kTile;
+  const int64_t allowance =
+      (running_dq ? 0 : p.B * p.N * p.Lq * p.H * p.D) + p.B * p.N * p.H * p.Lq * p.Lk;
   const int64_t per_chunk = t.blocks * kTile * kTile;
   int64_t requested = 0;  // both bias gradients share the allowance
   for (const BiasGradParams& g : p.dbias) requested += g.ptr != nullptr;

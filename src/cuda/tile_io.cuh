@@ -230,7 +230,7 @@ struct KeyBiasPrefetch {
 struct KeyBiasStream : KeyBiasPrefetch {
   const unsigned char* next;  // one key slot: the next column's bytes
   int64_t col;                // the next column
-  int left;                   // Lk - col, clamped to int
+  int64_t left;               // Lk - col
 
   __device__ __forceinline__ static int dtype_bytes(DType t) {
     return t == DType::kF32 ? 4 : t == DType::kBool ? 1 : 2;
@@ -239,8 +239,7 @@ struct KeyBiasStream : KeyBiasPrefetch {
   __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan, int64_t b,
                                         int64_t n, int64_t h, int64_t col0) {
     col = col0;
-    constexpr int64_t kFar = int64_t{1} << 30;
-    left = static_cast<int>(p.Lk - col0 < kFar ? p.Lk - col0 : kFar);
+    left = p.Lk - col0;
     if (plan.key_single_slot < 0) return;
     const BiasParams& bp = plan.key_single;
     const ScoreStrides& st = bp.stride;
@@ -349,7 +348,7 @@ template <typename Element>
 struct BiasTileStream : BiasTilePrefetch<Element> {
   using BiasTilePrefetch<Element>::raw;
   const uint16_t* next;      // the thread's first chunk of the next tile
-  int rows_left, cols_left;  // from the thread's first row / column of the next tile to Lq / Lk
+  int64_t rows_left, cols_left;  // from the thread's first row / column of the next tile to Lq / Lk
 
   __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan,
                                         const BiasFill& f, int64_t b, int64_t n, int64_t h,
@@ -358,9 +357,8 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
     const int64_t i = i0 + f.row, j = j0 + f.col0;
     next = static_cast<const uint16_t*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n +
            h * bp.stride.h + i * bp.stride.q + j;
-    constexpr int64_t kFar = int64_t{1} << 30;  // "no limit" for lengths past int range
-    rows_left = static_cast<int>(p.Lq - i < kFar ? p.Lq - i : kFar);
-    cols_left = static_cast<int>(p.Lk - j < kFar ? p.Lk - j : kFar);
+    rows_left = p.Lq - i;
+    cols_left = p.Lk - j;
   }
 
   __device__ __forceinline__ void load_next(const LaunchPlan& plan, const BiasFill& f) {
