@@ -246,18 +246,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
       for (int r = 0; r < 2; ++r)
         for (int k = 0; k < 4; ++k) part_max[r][k] = neg_inf();
       for (int nt = 0; nt < kNTiles; ++nt) {
-        const int c = nt * 8 + 2 * t;
-        const float2 kb = *reinterpret_cast<const float2*>(keys + c);
-        float2 tb0 = make_float2(0.0f, 0.0f), tb1 = tb0;
-        if (has_tile) {
-          tb0 = *reinterpret_cast<const float2*>(tile + (warp_row + g) * kTileStride + c);
-          tb1 = *reinterpret_cast<const float2*>(tile + (warp_row + g + 8) * kTileStride + c);
-        }
-        // Key biases are stored times log2(e); the tile in natural units.
-        s[nt][0] = score_log2(s[nt][0], p.scale_log2, kb.x, tb0.x);
-        s[nt][1] = score_log2(s[nt][1], p.scale_log2, kb.y, tb0.y);
-        s[nt][2] = score_log2(s[nt][2], p.scale_log2, kb.x, tb1.x);
-        s[nt][3] = score_log2(s[nt][3], p.scale_log2, kb.y, tb1.y);
+        scores_log2<kTileStride>(s[nt], nt * 8 + 2 * t, keys, tile + (warp_row + g) * kTileStride,
+                                 has_tile, p.scale_log2);
         part_max[0][nt % 4] = fmaxf(part_max[0][nt % 4], fmaxf(s[nt][0], s[nt][1]));
         part_max[1][nt % 4] = fmaxf(part_max[1][nt % 4], fmaxf(s[nt][2], s[nt][3]));
       }

@@ -127,17 +127,8 @@ __global__ void __launch_bounds__(128)
 
     float tile_max[2] = {neg_inf(), neg_inf()};
     for (int nt = 0; nt < kNTiles; ++nt) {
-      const int c = nt * 8 + 2 * t;
-      const float2 kb = *reinterpret_cast<const float2*>(sKey + c);
-      float2 tb0 = make_float2(0.0f, 0.0f), tb1 = tb0;
-      if (has_tile) {
-        tb0 = *reinterpret_cast<const float2*>(sTile + (warp_row + g) * kTileStride + c);
-        tb1 = *reinterpret_cast<const float2*>(sTile + (warp_row + g + 8) * kTileStride + c);
-      }
-      s[nt][0] = score_log2(s[nt][0], p.scale_log2, kb.x, tb0.x);
-      s[nt][1] = score_log2(s[nt][1], p.scale_log2, kb.y, tb0.y);
-      s[nt][2] = score_log2(s[nt][2], p.scale_log2, kb.x, tb1.x);
-      s[nt][3] = score_log2(s[nt][3], p.scale_log2, kb.y, tb1.y);
+      scores_log2<kTileStride>(s[nt], nt * 8 + 2 * t, sKey, sTile + (warp_row + g) * kTileStride,
+                               has_tile, p.scale_log2);
       tile_max[0] = fmaxf(tile_max[0], fmaxf(s[nt][0], s[nt][1]));
       tile_max[1] = fmaxf(tile_max[1], fmaxf(s[nt][2], s[nt][3]));
     }

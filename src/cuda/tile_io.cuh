@@ -403,6 +403,25 @@ __device__ __forceinline__ void fill_bias_tile_generic(float* tile, int stride, 
 }
 
 
+// One 8-key column tile of a warp's S accumulators (rows g, g + 8; columns c, c + 1) -> log2
+// scores in place: score_log2 with the key biases (`keys`, stored times log2 e) and, when
+// present, the float bias tile (natural units; `tile_row` = its row g, row g + 8 below it).
+template <int kTileStride>
+__device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* keys,
+                                            const float* tile_row, bool has_tile,
+                                            float scale_log2) {
+  const float2 kb = *reinterpret_cast<const float2*>(keys + c);
+  float2 tb0 = make_float2(0.0f, 0.0f), tb1 = tb0;
+  if (has_tile) {
+    tb0 = *reinterpret_cast<const float2*>(tile_row + c);
+    tb1 = *reinterpret_cast<const float2*>(tile_row + 8 * kTileStride + c);
+  }
+  s[0] = score_log2(s[0], scale_log2, kb.x, tb0.x);
+  s[1] = score_log2(s[1], scale_log2, kb.y, tb0.y);
+  s[2] = score_log2(s[2], scale_log2, kb.x, tb1.x);
+  s[3] = score_log2(s[3], scale_log2, kb.y, tb1.y);
+}
+
 // Writes a warp's 16 x (8 * kDTiles) mma accumulator (C layout: rows g and g + 8, columns
 // 8 dt + 2t, +1) to rows row0 + g, row0 + g + 8 of a [.., L, .., D] tensor, row r scaled by
 // mul[r]. `pairs` = 4-byte stores of two adjacent elements are legal.
