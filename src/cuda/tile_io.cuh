@@ -438,12 +438,14 @@ __device__ __forceinline__ void store_acc_rows(const float (&acc)[kDTiles][4], E
     for (int dt = 0; dt < kDTiles; ++dt) {
       const int d = dt * 8 + 2 * t;
       const float x0 = acc[dt][2 * r] * mul[r], x1 = acc[dt][2 * r + 1] * mul[r];
-      if (pairs && d < D) {
-        *reinterpret_cast<uint32_t*>(dst + d) = pack2<Element>(x0, x1);
-      } else {
-        if (d < D) dst[d * d_stride] = from_float<Element>(x0);
-        if (d + 1 < D) dst[(d + 1) * d_stride] = from_float<Element>(x1);
+      if constexpr (sizeof(Element) == 2) {  // pairs of 16-bit elements: one 4-byte store
+        if (pairs && d < D) {
+          *reinterpret_cast<uint32_t*>(dst + d) = pack2<Element>(x0, x1);
+          continue;
+        }
       }
+      if (d < D) dst[d * d_stride] = from_float<Element>(x0);
+      if (d + 1 < D) dst[(d + 1) * d_stride] = from_float<Element>(x1);
     }
   }
 }
