@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <type_traits>
 
 #include "api/error.h"
 #include "backend.h"
@@ -47,16 +48,25 @@ evoattn_status_t cuda_status(const char* fn, cudaError_t err) {
 
 int head_dim_bucket(int D) { return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 
+// Calls launch(std::integral_constant<int, bucket>) for D's head-dim bucket: the one place the
+// runtime D picks a compiled kernel instantiation.
+template <typename Launch>
+cudaError_t with_head_dim(int D, Launch&& launch) {
+  switch (head_dim_bucket(D)) {
+    case 16: return launch(std::integral_constant<int, 16>{});
+    case 32: return launch(std::integral_constant<int, 32>{});
+    case 64: return launch(std::integral_constant<int, 64>{});
+    default: return launch(std::integral_constant<int, 128>{});
+  }
+}
+
 // The mma.sync kernels use cuda::kTile x cuda::kTile tiles; the SIMT kernels 32 x 32.
 
 template <typename Element, bool kFast>
 cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  switch (head_dim_bucket(p.D)) {
-    case 16: return cuda::run_fwd<Element, 16, kFast>(p, plan, stream);
-    case 32: return cuda::run_fwd<Element, 32, kFast>(p, plan, stream);
-    case 64: return cuda::run_fwd<Element, 64, kFast>(p, plan, stream);
-    default: return cuda::run_fwd<Element, 128, kFast>(p, plan, stream);
-  }
+  return with_head_dim(p.D, [&](auto hd) {
+    return cuda::run_fwd<Element, decltype(hd)::value, kFast>(p, plan, stream);
+  });
 }
 
 template <typename Element>
@@ -84,13 +94,8 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
 // not fit the GPU, the IEEE SIMT forward (more exact, slower) instead of an error.
 cudaError_t fwd_tf32(const FwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
-  cudaError_t err;
-  switch (head_dim_bucket(p.D)) {
-    case 16: err = cuda::run_fwd_tf32<16>(p, plan, stream); break;
-    case 32: err = cuda::run_fwd_tf32<32>(p, plan, stream); break;
-    case 64: err = cuda::run_fwd_tf32<64>(p, plan, stream); break;
-    default: err = cuda::run_fwd_tf32<128>(p, plan, stream); break;
-  }
+  const cudaError_t err = with_head_dim(
+      p.D, [&](auto hd) { return cuda::run_fwd_tf32<decltype(hd)::value>(p, plan, stream); });
   if (err == cudaErrorNotSupported && cuda::take_smem_shortfall().needed != 0) {
     return cuda::run_simt_fwd(p, stream);
   }
@@ -108,11 +113,11 @@ struct WorkspaceLayout {
   size_t total;
 };
 
-WorkspaceLayout workspace_layout(const BwdParams& p) {
+// `plan`: bwd_launch_plan(p), which the backward has already made when it asks.
+WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
   WorkspaceLayout w{};
   size_t offset = align256(row_stats_bytes(p));
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
-    const LaunchPlan plan = bwd_launch_plan(p);
     if (plan.fuse_dq && plan.k_tiles > 1) {
       w.dq_accum_offset = offset;
       offset += align256(static_cast<size_t>(num_rows(p)) * plan.dq_width * sizeof(float));
@@ -128,7 +133,7 @@ WorkspaceLayout workspace_layout(const BwdParams& p) {
 
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t stream) {
-  const WorkspaceLayout layout = workspace_layout(p);
+  const WorkspaceLayout layout = workspace_layout(p, plan);
   if (layout.dq_accum_offset != 0) {
     plan.dq_accum = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + layout.dq_accum_offset);
   }
@@ -154,12 +159,9 @@ template <typename Element>
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = bwd_launch_plan(p);
   if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
-  switch (head_dim_bucket(p.D)) {
-    case 16: return bwd_mma_hdim<Element, 16>(p, plan, stream);
-    case 32: return bwd_mma_hdim<Element, 32>(p, plan, stream);
-    case 64: return bwd_mma_hdim<Element, 64>(p, plan, stream);
-    default: return bwd_mma_hdim<Element, 128>(p, plan, stream);
-  }
+  return with_head_dim(p.D, [&](auto hd) {
+    return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, stream);
+  });
 }
 
 cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
@@ -176,7 +178,9 @@ cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-size_t cuda_backward_workspace_bytes(const BwdParams& p) { return workspace_layout(p).total; }
+size_t cuda_backward_workspace_bytes(const BwdParams& p) {
+  return workspace_layout(p, bwd_launch_plan(p)).total;
+}
 
 bool cuda_backend_available() {
   int count = 0;
