@@ -80,8 +80,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
 LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
   LaunchPlan plan = make_launch_plan(static_cast<const FwdParams&>(p), block_m, block_n);
   plan.fuse_dq = fuse_dq_by_shape(p);
-  plan.dq_width = (p.D + 7) / 8 * 8;
-  plan.dq_accum = nullptr;
+  plan.dq_width = (p.D + 7) / 8 * 8;  // dq_accum stays null: the dispatcher places it
   plan.vec_do = rows_vectorizable(p.d_o, p.do_stride, p.D, p.dtype);
   plan.vec_o = rows_vectorizable(p.o, p.o_stride, p.D, p.dtype);
   plan.pairs_dq = pairs_storable(p.dq, p.dq_stride, p.D, p.dtype);

@@ -52,11 +52,7 @@ class Tf32Backward : public ::testing::TestWithParam<Case> {};
 TEST_P(Tf32Backward, MatchesReference) {
   const Case& c = GetParam();
   if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
-  const Inputs in = make_inputs(c);
-  const evoattn_options_t options = case_options(c);
-  const ForwardRun fwd = run_forward(c, in, &options);
-  ASSERT_EQ(fwd.status, EVOATTN_SUCCESS) << fwd.error;
-  expect_backward_matches(c, in, run_backward(c, in, fwd, &options));
+  expect_forward_and_backward_match(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, Tf32Forward, ::testing::ValuesIn(on_backends(forward_cases(), 500)),
