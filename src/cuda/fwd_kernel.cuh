@@ -15,6 +15,7 @@
 
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
+#include "cuda/online_softmax.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/smem_budget.h"
 #include "cuda/tile_io.cuh"
@@ -256,16 +257,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
         tile_max[r] = fmaxf(fmaxf(part_max[r][0], part_max[r][1]), fmaxf(part_max[r][2], part_max[r][3]));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float m_new = fmaxf(row_max[r], tile_max[r]);
-        // While every key so far is masked, exponentiate against 0: -inf - -inf never occurs.
-        m_use[r] = m_new == neg_inf() ? 0.0f : m_new;
-        const float alpha = exp2_approx(row_max[r] - m_use[r]);
-        row_max[r] = m_new;
-        row_sum[r] *= alpha;
-        for (int d = 0; d < kDTiles; ++d) {
-          acc_o[d][2 * r] *= alpha;
-          acc_o[d][2 * r + 1] *= alpha;
-        }
+        m_use[r] = online_softmax_rescale(tile_max[r], row_max[r], row_sum[r], acc_o, r);
       }
       float part_sum[2][4] = {};
       for (int nt = 0; nt < kNTiles; ++nt) {
@@ -340,9 +332,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
         inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
         const int64_t i = cur.i0 + warp_row + g + 8 * r;
         if (t == 0 && p.lse != nullptr && i < p.Lq) {
-          const float m = row_max[r] == neg_inf() ? 0.0f : row_max[r];
           p.lse[cur.b * p.lse_stride_b + cur.n * p.lse_stride_n + cur.h * p.lse_stride_h +
-                i * p.lse_stride_q] = sum == 0.0f ? neg_inf() : (m + __log2f(sum)) * kLn2;
+                i * p.lse_stride_q] = row_lse(row_max[r], sum);
         }
       }
       Element* o_base = static_cast<Element*>(p.o) + cur.b * p.o_stride.b + cur.n * p.o_stride.n +

@@ -13,6 +13,7 @@
 
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
+#include "cuda/online_softmax.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/smem_budget.h"
 #include "cuda/tile_io.cuh"
@@ -136,15 +137,7 @@ __global__ void __launch_bounds__(128)
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(row_max[r], tile_max[r]);
-      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;  // all masked so far: no -inf - -inf
-      const float alpha = exp2_approx(row_max[r] - m_use[r]);
-      row_max[r] = m_new;
-      row_sum[r] *= alpha;
-      for (int d = 0; d < kDTiles; ++d) {
-        acc_o[d][2 * r] *= alpha;
-        acc_o[d][2 * r + 1] *= alpha;
-      }
+      m_use[r] = online_softmax_rescale(tile_max[r], row_max[r], row_sum[r], acc_o, r);
     }
     for (int nt = 0; nt < kNTiles; ++nt) {
       for (int e = 0; e < 4; ++e) {
@@ -173,9 +166,8 @@ __global__ void __launch_bounds__(128)
     inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
     const int64_t i = i0 + warp_row + g + 8 * r;
     if (t == 0 && p.lse != nullptr && i < p.Lq) {
-      const float m = row_max[r] == neg_inf() ? 0.0f : row_max[r];
       p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q] =
-          sum == 0.0f ? neg_inf() : (m + __log2f(sum)) * kLn2;
+          row_lse(row_max[r], sum);
     }
   }
   float* o_base = static_cast<float*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h;

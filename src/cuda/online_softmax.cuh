@@ -1,0 +1,36 @@
+// The online softmax a forward kernel keeps per query row (log2 domain, fp32), in the mma C
+// layout: a thread holds rows g and g + 8 (r = 0, 1) of a warp's 16, O as acc_o[d][2r], [2r+1].
+#pragma once
+
+#include "cuda/element.cuh"
+#include "cuda/ptx.cuh"
+
+namespace evoattn::cuda {
+
+// Row r takes a key tile whose max score (already reduced over the quad) is `tile_max`: the
+// running max moves, the row sum and the row's O are rescaled. Returns the max to exponentiate
+// the tile's scores against: 0 while every key so far is masked (-inf - -inf never occurs).
+template <int kDTiles>
+__device__ __forceinline__ float online_softmax_rescale(float tile_max, float& row_max,
+                                                        float& row_sum,
+                                                        float (&acc_o)[kDTiles][4], int r) {
+  const float m_new = fmaxf(row_max, tile_max);
+  const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+  const float alpha = exp2_approx(row_max - m_use);
+  row_max = m_new;
+  row_sum *= alpha;
+  for (int d = 0; d < kDTiles; ++d) {
+    acc_o[d][2 * r] *= alpha;
+    acc_o[d][2 * r + 1] *= alpha;
+  }
+  return m_use;
+}
+
+// A row's LSE in natural units from its running max and full row sum; -inf for a fully masked
+// row (sum 0).
+__device__ __forceinline__ float row_lse(float row_max, float sum) {
+  const float m = row_max == neg_inf() ? 0.0f : row_max;
+  return sum == 0.0f ? neg_inf() : (m + __log2f(sum)) * kLn2;
+}
+
+}  // namespace evoattn::cuda
