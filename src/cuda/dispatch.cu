@@ -103,8 +103,9 @@ cudaError_t fwd_tf32(const FwdParams& p, cudaStream_t stream) {
 }
 
 // Workspace layout: [row statistics][running dQ][partials of d_mask_bias][partials of
-// d_pair_bias], each part 256-byte aligned; the running dQ only when the dK/dV kernel computes
-// dQ over more than one key tile (LaunchPlan::fuse_dq).
+// d_pair_bias], each part 256-byte aligned; the running dQ (dq_pool_rows slots of [Lq,
+// dq_width] floats) only when the dK/dV kernel computes dQ over more than one key tile
+// (LaunchPlan::fuse_dq). chunk_budget keeps the total within SPEC's bound.
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {
@@ -120,7 +121,7 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
     if (plan.fuse_dq && plan.k_tiles > 1) {
       w.dq_accum_offset = offset;
-      offset += align256(static_cast<size_t>(num_rows(p)) * plan.dq_width * sizeof(float));
+      offset += align256(static_cast<size_t>(cuda::dq_pool_rows(p) * p.Lq) * plan.dq_width * sizeof(float));
     }
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
       w.partial_offset[slot] = offset;
@@ -137,6 +138,9 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
   if (layout.dq_accum_offset != 0) {
     plan.dq_accum = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + layout.dq_accum_offset);
   }
+  // The fused walk's grid: one block per running-dQ slot, or (one key tile: no running dQ) up
+  // to one per (b, n, h).
+  plan.dq_slots = layout.dq_accum_offset != 0 ? cuda::dq_pool_rows(p) : p.B * p.N * p.H;
   if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream)) return e;
   for (int slot = plan.fuse_dq ? 0 : -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;

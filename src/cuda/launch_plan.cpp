@@ -23,13 +23,48 @@ bool pairs_storable(const void* ptr, const SeqStrides& s, int D, DType t) {
          s.h % 2 == 0 && reinterpret_cast<uintptr_t>(ptr) % 4 == 0;
 }
 
+// Floats of a requested bias gradient: its extents, 1 along the dimensions it sums.
+int64_t grad_floats(const BwdParams& p, const BiasGradParams& g) {
+  return (g.reduce_b ? 1 : p.B) * (g.reduce_n ? 1 : p.N) * (g.reduce_h ? 1 : p.H) *
+         (g.reduce_q ? 1 : p.Lq) * (g.reduce_k ? 1 : p.Lk);
+}
+
+// Floats of the row statistics and the 256-byte alignment of each workspace part.
+constexpr int64_t kAlignFloats = 64;
+int64_t row_stats_floats(const BwdParams& p) { return 3 * p.B * p.N * p.H * p.Lq + kAlignFloats; }
+
+// SPEC's workspace bound in floats: float32 buffers the size of dQ plus one per requested bias
+// gradient.
+int64_t workspace_bound_floats(const BwdParams& p) {
+  int64_t bound = p.B * p.N * p.H * p.Lq * p.D;
+  for (const BiasGradParams& g : p.dbias) {
+    if (g.ptr != nullptr) bound += grad_floats(p, g);
+  }
+  return bound;
+}
+
 // Whether the shape asks the dK/dV kernel to compute dQ (LaunchPlan::fuse_dq before the
-// dispatcher's check that its shared memory fits the GPU).
+// dispatcher's check that its shared memory fits the GPU): enough (b, n, h) to fill the GPU,
+// and room within SPEC's bound for enough running-dQ slots to keep half of them in flight.
 bool fuse_dq_by_shape(const BwdParams& p) {
-  return p.B * p.N * p.H >= kFewBackwardRows && p.D <= kMaxFusedDqHeadDim;
+  return p.B * p.N * p.H >= kFewBackwardRows && p.D <= kMaxFusedDqHeadDim &&
+         (p.Lk <= kTile || dq_pool_rows(p) >= kFewBackwardRows / 2);
+}
+
+// The workspace's running dQ: kept only when the dK/dV kernel computes dQ over more than one
+// key tile. Counted by shape, so also where the dispatcher finds the GPU too small to fuse.
+int64_t running_dq_floats(const BwdParams& p) {
+  const bool running = fuse_dq_by_shape(p) && p.Lk > kTile;
+  return running ? dq_pool_rows(p) * p.Lq * ((p.D + 7) / 8 * 8) + kAlignFloats : 0;
 }
 
 }  // namespace
+
+int64_t dq_pool_rows(const BwdParams& p) {
+  const int64_t room = workspace_bound_floats(p) - row_stats_floats(p) - 3 * kAlignFloats;
+  const int64_t slots = std::max<int64_t>(room, 0) / (p.Lq * ((p.D + 7) / 8 * 8));
+  return std::min({slots, p.B * p.N * p.H, kMaxDqSlots});
+}
 
 LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   LaunchPlan plan{};
@@ -119,17 +154,16 @@ RowsTask base_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
   return task;
 }
 
-// SPEC: backward workspace <= float32 buffers the size of dQ plus one per bias gradient. The
-// running dQ of a fused dK/dV pass takes the dQ share; the rule looks at the shape only, so
-// chunk counts (and the summation order of the bias gradients) are the same on every GPU.
+// The partials of chunked bias gradients share what SPEC's workspace bound leaves after the
+// row statistics and the running dQ (less one alignment per part). A shape-only rule, so chunk
+// counts (and the summation order) are the same on every GPU.
 int64_t chunk_budget(const BwdParams& p, const RowsTask& t) {
-  const bool running_dq = fuse_dq_by_shape(p) && p.Lk > kTile;
-  const int64_t allowance =
-      (running_dq ? 0 : p.B * p.N * p.Lq * p.H * p.D) + p.B * p.N * p.H * p.Lq * p.Lk;
-  const int64_t per_chunk = t.blocks * kTile * kTile;
   int64_t requested = 0;  // both bias gradients share the allowance
   for (const BiasGradParams& g : p.dbias) requested += g.ptr != nullptr;
-  return allowance / (per_chunk * std::max<int64_t>(requested, 1));
+  const int64_t allowance = workspace_bound_floats(p) - row_stats_floats(p) - running_dq_floats(p) -
+                            requested * kAlignFloats;
+  const int64_t per_chunk = t.blocks * kTile * kTile;
+  return std::max<int64_t>(allowance, 0) / (per_chunk * std::max<int64_t>(requested, 1));
 }
 
 int64_t chunk_count(const BwdParams& p, const RowsTask& t) {

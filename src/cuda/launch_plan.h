@@ -35,12 +35,15 @@ struct LaunchPlan {
   // item instead and merge their partial softmax at the end: twice the parallelism.
   bool pair_over_k;
   int64_t fwd_blocks;
-  // Backward: the dK/dV kernel also computes dQ (one block per (b, n, h) walking its key tiles
-  // in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives between key
-  // tiles in `dq_accum` (workspace, float32 [B, N, H, Lq, dq_width]; null with one key tile).
+  // Backward: the dK/dV kernel also computes dQ (blocks walk the (b, n, h), each walking its
+  // key tiles in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives
+  // between key tiles in `dq_accum`: one float32 [Lq, dq_width] slot per block of the walk's
+  // grid (dq_slots of them, at most dq_pool_rows(p)), not one per (b, n, h). Null with one key
+  // tile.
   bool fuse_dq;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
+  int64_t dq_slots;  // the fused dK/dV grid (the dispatcher sets it)
 };
 
 // Whether a forward can take the kernels compiled for the common case (their `kFast`): 16-byte
@@ -71,6 +74,11 @@ struct RowsTask {
   float* partials;
 };
 
+// Most blocks of the fused dK/dV walk (LaunchPlan::fuse_dq), and so running-dQ slots: more than
+// any GPU keeps resident (an H100 holds 264 to 396). A constant, so the workspace and the
+// chunk counts it leaves room for depend on the shape only.
+constexpr int64_t kMaxDqSlots = 512;
+
 // Tile edge of the mma.sync kernels and of a partial tile.
 constexpr int kTile = 64;
 // Forward work items (b, n, h, query tile) below which the groups split keys (pair_over_k):
@@ -91,6 +99,9 @@ constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq) {
   const size_t fused = size_t{kTile} * (kTile + 8) * 2 + size_t{kTile} * (head_dim + 8) * sizeof(float);
   return base + (fused_dq ? fused : 0);
 }
+
+// Running-dQ slots the workspace holds for a fused dK/dV: min(B N H, kMaxDqSlots).
+int64_t dq_pool_rows(const BwdParams& p);
 
 // `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,

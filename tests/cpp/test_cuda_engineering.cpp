@@ -218,10 +218,68 @@ TEST(LargeIndex, PairBiasBeyond2To31Elements) {
   EXPECT_LE(util::relative_error(got, want), 8e-3) << "bf16 SPEC bound on sampled rows";
 }
 
+
+// SPEC: the backward's workspace is at most float32 buffers the size of dQ plus one per
+// requested bias gradient. Descriptors only (the size query reads no data): the suite's shapes
+// and a few edges, with the gradients the bench asks for and with both.
+TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
+  if (backend_missing(Backend::kCuda)) GTEST_SKIP() << kNoCudaMessage;
+  struct Shape {
+    const char* name;
+    int64_t B, N, L, H, D;
+    bool mask, pair;
+  };
+  const Shape shapes[] = {
+      {"tri256", 1, 256, 256, 4, 32, true, true},   {"tri768", 1, 768, 768, 4, 32, true, true},
+      {"msarow", 1, 512, 256, 8, 32, true, true},   {"msacol", 1, 256, 512, 8, 32, true, false},
+      {"extramsa", 1, 5120, 384, 8, 8, true, true}, {"template", 4, 256, 256, 4, 16, true, true},
+      {"apb768", 1, 1, 768, 16, 24, false, true},   {"tri256d64", 1, 256, 256, 8, 64, true, true},
+      {"b4tri384", 4, 384, 384, 4, 32, true, true}, {"d128", 1, 64, 200, 4, 128, true, true},
+      {"one_key_tile", 1, 300, 40, 4, 32, true, true}, {"odd_d", 2, 70, 130, 3, 20, true, true},
+  };
+  auto desc = [](std::vector<int64_t> sizes, evoattn_dtype_t dtype) {
+    evoattn_tensor_t t{};
+    t.data = reinterpret_cast<void*>(uintptr_t{1} << 36);  // never read; 256-byte aligned
+    t.dtype = dtype;
+    t.device = kGpu;
+    t.ndim = static_cast<int32_t>(sizes.size());
+    int64_t stride = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      t.sizes[d] = sizes[d];
+      t.strides[d] = stride;
+      stride *= sizes[d];
+    }
+    return t;
+  };
+  for (const Shape& s : shapes) {
+    const evoattn_tensor_t q = desc({s.B, s.N, s.L, s.H, s.D}, EVOATTN_BFLOAT16);
+    const evoattn_tensor_t mb = desc({s.B, s.N, 1, 1, s.L}, EVOATTN_BFLOAT16);
+    const evoattn_tensor_t pb = desc({s.B, 1, s.H, s.L, s.L}, EVOATTN_BFLOAT16);
+    const double dq_floats = static_cast<double>(s.B * s.N * s.L * s.H * s.D);
+    for (bool mask_grad : {false, true}) {
+      if (mask_grad && !s.mask) continue;
+      const evoattn_tensor_t* dmb = mask_grad ? &mb : nullptr;
+      const evoattn_tensor_t* dpb = s.pair ? &pb : nullptr;
+      size_t bytes = 0;
+      ASSERT_EQ(evoattn_backward_workspace_size(&q, &q, &q, s.mask ? &mb : nullptr,
+                                                s.pair ? &pb : nullptr, nullptr, dmb, dpb, nullptr,
+                                                &bytes),
+                EVOATTN_SUCCESS)
+          << s.name << ": " << evoattn_last_error();
+      const double bound = 4.0 * (dq_floats + (mask_grad ? s.B * s.N * s.L : 0) +
+                                  (s.pair ? s.B * s.H * s.L * s.L : 0));
+      EXPECT_LE(static_cast<double>(bytes), bound)
+          << s.name << (mask_grad ? " with d_mask_bias" : "") << ": workspace " << bytes
+          << " bytes, SPEC bound " << bound;
+    }
+  }
+}
+
 #else
 
 TEST(CudaGraph, CapturedForwardBackwardReplaysToTheSameBytes) { GTEST_SKIP() << kNoCudaMessage; }
 TEST(LargeIndex, PairBiasBeyond2To31Elements) { GTEST_SKIP() << kNoCudaMessage; }
+TEST(Workspace, WithinSpecBoundOnSuiteShapes) { GTEST_SKIP() << kNoCudaMessage; }
 
 #endif
 
