@@ -190,9 +190,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
         if (tid < kBlockM) {
           sRowMax[tid] = next_max;
           sRowLogSum[tid] = next_log_sum;
-          // The first step after the first key tile revisits its last query tile, whose Delta
-          // is in sDelta already (its load above ran before that step computed it).
-          if (!delta_here && !(fuse_delta && kt == kt_first + 1 && step == 0)) sDelta[tid] = next_delta;
+          if (!delta_here) sDelta[tid] = next_delta;
         }
         if (accumulate_dq) {  // the running dQ of this query tile, needed after the scores
           constexpr int kChunksPerRow = kHeadDim / 4;
