@@ -80,12 +80,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   float* sRowMax = sKey + kBlockN;        // [kBlockM] row statistics of the query tile
   float* sRowLogSum = sRowMax + kBlockM;  // [kBlockM]
   float* sDelta = sRowLogSum + kBlockM;   // [kBlockM]
-  // fuse_dq only (past kSmemBytes): dS^T and the running dQ of the query tile; during the first
-  // key tile (no running dQ yet) the running-dQ buffer holds two stages of O for Delta.
+  // fuse_dq only (past kSmemBytes): dS^T and the running dQ of the query tile.
   float* sdQ = sDelta + kBlockM;                            // [kBlockM][kDqStride]
-  Element* sO = reinterpret_cast<Element*>(sdQ);            // [2 stages]
-  static_assert(2 * T::kSeqElems * sizeof(Element) <= kBlockM * kDqStride * sizeof(float),
-                "two O tiles fit the running-dQ buffer");
   Element* sdS = reinterpret_cast<Element*>(sdQ + kBlockM * kDqStride);  // [kBlockN][kDsStride]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -95,9 +91,6 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   // the grid (plan.dq_slots blocks, at most what the GPU holds at once) walks the (b, n, h),
   // and block x keeps its running dQ in slot x of plan.dq_accum.
   const bool fuse_dq = T::kFusesDq && plan.fuse_dq;
-  // Delta = rowsum(dO o O) computed here (LaunchPlan::fuse_delta), from O tiles loaded with Q
-  // and dO during the block's first key tile; row_stats_kernel then skips it.
-  const bool fuse_delta = fuse_dq && plan.fuse_delta;
   const int64_t items = fuse_dq ? p.B * p.N * p.H : static_cast<int64_t>(blockIdx.x) + 1;
   // The running dQ of the block's current (b, n, h): rows of plan.dq_width floats.
   float* dq_accum = plan.dq_accum != nullptr
@@ -122,21 +115,17 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
     const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
     const BiasFill fill = bias_fill_slice(false, tid, tid);
 
-    // Q and dO of query tile `qt` into stage `s` (cp.async), with `with_o` also O; its row
-    // statistics into registers of threads 0..63, stored at the top of the iteration that uses
-    // them (Delta only without `with_o`). Rows past Lq get row_max = +inf: P = 0.
+    // Q and dO of query tile `qt` into stage `s` (cp.async); its row statistics into registers
+    // of threads 0..63, stored at the top of the iteration that uses them. Rows past Lq get
+    // row_max = +inf: P = 0.
     float next_max = 0.0f, next_log_sum = 0.0f, next_delta = 0.0f;
     using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
-    auto load_query_tile = [&](int qt, int s, bool with_o) {
+    auto load_query_tile = [&](int qt, int s) {
       const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
       const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
       const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
       q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_q), tid);
       do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_do), tid);
-      if (with_o) {
-        const QCopy o_copy{row_ptr<Element>(p.o, p.o_stride, b, n, h)};
-        o_copy.copy(sO + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_o, tid);
-      }
       if (tid < kBlockM) {
         const int64_t i = i0 + tid;
         const float* delta = static_cast<const float*>(p.workspace) + stats_row;
@@ -144,10 +133,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
         const float* row_log_sum = row_max + num_rows(p);
         next_max = i < p.Lq ? row_max[i] : -neg_inf();
         next_log_sum = i < p.Lq ? row_log_sum[i] : 0.0f;
-        if (!with_o) next_delta = i < p.Lq ? delta[i] : 0.0f;
+        next_delta = i < p.Lq ? delta[i] : 0.0f;
       }
     };
-    load_query_tile(0, 0, fuse_delta);
+    load_query_tile(0, 0);
     cp_async_commit();
     BiasTilePrefetch<Element> prefetch;
     if (fast_tile) prefetch.load(p, plan, fill, b, n, h, 0, static_cast<int64_t>(kt_first) * kBlockN);
@@ -180,7 +169,6 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
       for (int step = 0; step < plan.q_tiles; ++step, ++walk) {
         const int stage = walk & 1;
         const int qt = reverse ? plan.q_tiles - 1 - step : step;
-        const bool delta_here = fuse_delta && kt == kt_first;  // this step computes Delta
         const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
         if (fast_tile) {
           prefetch.store(sTile, kTileStride, fill);
@@ -190,7 +178,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
         if (tid < kBlockM) {
           sRowMax[tid] = next_max;
           sRowLogSum[tid] = next_log_sum;
-          if (!delta_here) sDelta[tid] = next_delta;
+          sDelta[tid] = next_delta;
         }
         if (accumulate_dq) {  // the running dQ of this query tile, needed after the scores
           constexpr int kChunksPerRow = kHeadDim / 4;
@@ -208,7 +196,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
         if (has_next) {
           // The next tile: the walk's neighbour, or this query tile again for the next key tile.
           const int next_qt = last_step ? qt : reverse ? qt - 1 : qt + 1;
-          load_query_tile(next_qt, stage ^ 1, delta_here && !last_step);
+          load_query_tile(next_qt, stage ^ 1);
           cp_async_commit();
           if (fast_tile) {
             prefetch.load(p, plan, fill, b, n, h, static_cast<int64_t>(next_qt) * kBlockM,
@@ -222,25 +210,6 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
 
         const Element* Qs = sQ + stage * T::kSeqElems;
         const Element* dOs = sdO + stage * T::kSeqElems;
-        if (delta_here) {
-          // Delta of the tile's rows from O and dO in shared memory: two threads per row, 8
-          // elements each per 16 (padding columns and rows past Lq are zero-filled). Published
-          // to the dS step below by a barrier, and to the pair-bias pass by the workspace.
-          const int r = tid / 2, half = tid % 2;
-          float sum = 0.0f;
-          for (int d = half * 8; d < kHeadDim; d += 16) {
-            const uint4 a = *reinterpret_cast<const uint4*>(sO + stage * T::kSeqElems + r * kRowStride + d);
-            const uint4 c = *reinterpret_cast<const uint4*>(dOs + r * kRowStride + d);
-            const Element* ea = reinterpret_cast<const Element*>(&a);
-            const Element* ec = reinterpret_cast<const Element*>(&c);
-            for (int e = 0; e < 8; ++e) sum = fmaf(to_float(ea[e]), to_float(ec[e]), sum);
-          }
-          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-          if (half == 0) {
-            sDelta[r] = sum;
-            if (i0 + r < p.Lq) static_cast<float*>(p.workspace)[stats_row + i0 + r] = sum;
-          }
-        }
         // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
         float s[kQTiles][4], dp[kQTiles][4];
         for (int nt = 0; nt < kQTiles; ++nt)
@@ -265,7 +234,6 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
 
         // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
         const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
-        if (delta_here) __syncthreads();  // every row's Delta
         const float* dlt = sDelta;
         for (int nt = 0; nt < kQTiles; ++nt) {
           for (int e = 0; e < 4; ++e) {

@@ -87,7 +87,6 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
       plan.fuse_dq = false;
     }
   }
-  plan.fuse_delta = plan.fuse_dq && p.D >= kExactDeltaHeadDim;
   return plan;
 }
 
@@ -163,9 +162,7 @@ cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_
 template <typename Element>
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = bwd_launch_plan(p);
-  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, !plan.fuse_delta, stream)) {
-    return e;
-  }
+  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
   return with_head_dim(p.D, [&](auto hd) {
     return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, stream);
   });
@@ -173,7 +170,7 @@ cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
 
 cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kSimtTile, cuda::kSimtTile);
-  if (cudaError_t e = cuda::run_row_stats<float>(p, false, true, stream)) return e;
+  if (cudaError_t e = cuda::run_row_stats<float>(p, false, stream)) return e;
   if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;

@@ -27,7 +27,7 @@ cudaError_t run_fwd_tf32(const FwdParams& p, const LaunchPlan& plan, cudaStream_
 
 // The backward's row statistics (Delta, row max, row log-sum) for every dtype (row_stats.cu).
 template <typename Element>
-cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, cudaStream_t stream);
+cudaError_t run_row_stats(const BwdParams& p, bool vec, cudaStream_t stream);
 
 // float32 in IEEE arithmetic on the CUDA cores (simt_fp32.cu); tiles of 32 x 32.
 constexpr int kSimtTile = 32;

@@ -44,10 +44,6 @@ struct LaunchPlan {
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int64_t dq_slots;  // the fused dK/dV grid (the dispatcher sets it)
-  // With fuse_dq and D >= kExactDeltaHeadDim the dK/dV kernel computes Delta = rowsum(dO o O)
-  // at each (b, n, h)'s first key tile, and the row statistics pass skips it (the dispatcher
-  // sets it).
-  bool fuse_delta;
 };
 
 // Whether a forward can take the kernels compiled for the common case (their `kFast`): 16-byte

@@ -1,6 +1,5 @@
 // Backward preprocessing: the row statistics of backend.h, one thread per row, in log2 units:
-//   Delta        dO . O, or sum_j P dP when D < kExactDeltaHeadDim; left to the dK/dV kernel
-//                when it computes Delta (with_delta false, LaunchPlan::fuse_delta)
+//   Delta        dO . O, or sum_j P dP when D < kExactDeltaHeadDim
 //   row_max      LSE log2(e), +inf for fully masked rows (so every P of the row is 2^-inf = 0);
 //                or the row's max score, recomputed, where |LSE| >= kLseExactLimit
 //   row_log_sum  0, or log2 sum_j 2^(x_j - row_max) for recomputed rows
@@ -31,8 +30,7 @@ __device__ __forceinline__ float row_dot(const Element* x, int64_t x_stride, con
 }
 
 template <typename Element>
-__global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ BwdParams p, bool vec,
-                                                          bool with_delta) {
+__global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ BwdParams p, bool vec) {
   const int64_t rows = num_rows(p);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= rows) return;
@@ -45,9 +43,7 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
   const Element* o = seq_row_ptr<Element>(p.o, p.o_stride, b, n, h, i);
   const Element* d_o = seq_row_ptr<Element>(p.d_o, p.do_stride, b, n, h, i);
   float sum = 0.0f;
-  if (!with_delta) {
-    // The dK/dV kernel computes Delta (LaunchPlan::fuse_delta).
-  } else if (vec) {
+  if (vec) {
     constexpr int kPer16 = 16 / sizeof(Element);
     for (int d = 0; d < p.D; d += kPer16) {
       const uint4 a = *reinterpret_cast<const uint4*>(o + d);
@@ -60,7 +56,7 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
     sum = row_dot(o, p.o_stride.d, d_o, p.do_stride.d, p.D);
   }
   const float lse = p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q];
-  if (with_delta) delta[row] = sum;
+  delta[row] = sum;
   row_max[row] = lse == neg_inf() ? -neg_inf() : lse * kLog2e;
   row_log_sum[row] = 0.0f;
   if (!recompute_row_stats(lse, p.D)) return;
@@ -99,9 +95,9 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
 }
 
 template <typename Element>
-cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, cudaStream_t stream) {
+cudaError_t run_row_stats(const BwdParams& p, bool vec, cudaStream_t stream) {
   const int64_t blocks = (num_rows(p) + 255) / 256;
-  row_stats_kernel<Element><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, vec, with_delta);
+  row_stats_kernel<Element><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, vec);
   return cudaGetLastError();
 }
 
