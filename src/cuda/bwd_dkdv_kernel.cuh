@@ -15,8 +15,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "backend.h"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
@@ -87,264 +85,284 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
 
-  // Key tiles [kt_first, kt_end) of one (b, n, h). Unfused: one key tile per block. Fused:
-  // the grid (plan.dq_slots blocks, at most what the GPU holds at once) walks the (b, n, h),
-  // and block x keeps its running dQ in slot x of plan.dq_accum.
+  // Key tiles [kt_first, kt_end) of one (b, n, h).
+  int64_t block = blockIdx.x;
   const bool fuse_dq = T::kFusesDq && plan.fuse_dq;
-  const int64_t items = fuse_dq ? p.B * p.N * p.H : static_cast<int64_t>(blockIdx.x) + 1;
-  // The running dQ of the block's current (b, n, h): rows of plan.dq_width floats.
-  float* dq_accum = plan.dq_accum != nullptr
-                        ? plan.dq_accum + static_cast<int64_t>(blockIdx.x) * p.Lq * plan.dq_width
-                        : nullptr;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    int64_t block = item;
-    int kt_first = 0, kt_end = plan.k_tiles;
-    if (!fuse_dq) {
-      kt_first = static_cast<int>(block % plan.k_tiles);
-      kt_end = kt_first + 1;
-      block /= plan.k_tiles;
+  int kt_first = 0, kt_end = plan.k_tiles;
+  if (!fuse_dq) {
+    kt_first = static_cast<int>(block % plan.k_tiles);
+    kt_end = kt_first + 1;
+    block /= plan.k_tiles;
+  }
+  const int64_t bnh = block;
+  const int64_t h = block % p.H;
+  block /= p.H;
+  const int64_t n = block % p.N, b = block / p.N;
+
+  // Row pointers are rebuilt from the parameters where used: kept live across the loops they
+  // would push the D <= 32 variants past their 168 registers.
+  const int64_t stats_row = bnh * p.Lq;
+  const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
+  const BiasFill fill = bias_fill_slice(false, tid, tid);
+  // The running dQ of this (b, n, h): rows of plan.dq_width floats in a slot of the pool the
+  // block holds while it runs. Thread 0 claims the first free slot from blockIdx.x on (only
+  // running blocks hold slots and each frees its own at the end, so a claim always ends; with
+  // more slots than resident blocks it succeeds at once); the end of the kernel frees it.
+  // Which slot a block gets does not change any result: its first key tile writes the slot
+  // before anything reads it.
+  float* dq_accum = nullptr;
+  int dq_slot = 0;
+  if (fuse_dq && plan.dq_accum != nullptr) {
+    int* claimed = reinterpret_cast<int*>(sdS);  // dS^T is first stored after a barrier
+    if (tid == 0) {
+      int slot = static_cast<int>(blockIdx.x % plan.dq_slots);
+      while (atomicCAS(plan.dq_slot_busy + slot, 0, 1) != 0) {
+        slot = slot + 1 == plan.dq_slots ? 0 : slot + 1;
+        __nanosleep(64);
+      }
+      __threadfence();
+      *claimed = slot;
     }
-    const int64_t bnh = block;
-    const int64_t h = block % p.H;
-    block /= p.H;
-    const int64_t n = block % p.N, b = block / p.N;
+    __syncthreads();
+    dq_slot = *claimed;
+    dq_accum = plan.dq_accum + static_cast<int64_t>(dq_slot) * p.Lq * plan.dq_width;
+  }
 
-    // Row pointers are rebuilt from the parameters where used: kept live across the loops they
-    // would push the D <= 32 variants past their 168 registers.
-    const int64_t stats_row = bnh * p.Lq;
-    const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
-    const BiasFill fill = bias_fill_slice(false, tid, tid);
+  // Q and dO of query tile `qt` into stage `s` (cp.async); its row statistics into registers
+  // of threads 0..63, stored at the top of the iteration that uses them. Rows past Lq get
+  // row_max = +inf: P = 0.
+  float next_max = 0.0f, next_log_sum = 0.0f, next_delta = 0.0f;
+  using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
+  auto load_query_tile = [&](int qt, int s) {
+    const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
+    const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
+    const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
+    q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_q), tid);
+    do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_do), tid);
+    if (tid < kBlockM) {
+      const int64_t i = i0 + tid;
+      const float* delta = static_cast<const float*>(p.workspace) + stats_row;
+      const float* row_max = delta + num_rows(p);
+      const float* row_log_sum = row_max + num_rows(p);
+      next_max = i < p.Lq ? row_max[i] : -neg_inf();
+      next_log_sum = i < p.Lq ? row_log_sum[i] : 0.0f;
+      next_delta = i < p.Lq ? delta[i] : 0.0f;
+    }
+  };
+  load_query_tile(0, 0);
+  cp_async_commit();
+  BiasTilePrefetch<Element> prefetch;
+  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, 0, static_cast<int64_t>(kt_first) * kBlockN);
 
-    // Q and dO of query tile `qt` into stage `s` (cp.async); its row statistics into registers
-    // of threads 0..63, stored at the top of the iteration that uses them. Rows past Lq get
-    // row_max = +inf: P = 0.
-    float next_max = 0.0f, next_log_sum = 0.0f, next_delta = 0.0f;
-    using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
-    auto load_query_tile = [&](int qt, int s) {
-      const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
-      const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
-      const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
-      q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_q), tid);
-      do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_do), tid);
-      if (tid < kBlockM) {
-        const int64_t i = i0 + tid;
-        const float* delta = static_cast<const float*>(p.workspace) + stats_row;
-        const float* row_max = delta + num_rows(p);
-        const float* row_log_sum = row_max + num_rows(p);
-        next_max = i < p.Lq ? row_max[i] : -neg_inf();
-        next_log_sum = i < p.Lq ? row_log_sum[i] : 0.0f;
-        next_delta = i < p.Lq ? delta[i] : 0.0f;
-      }
-    };
-    load_query_tile(0, 0);
+  // cp.async groups, in issue order: per key tile its K, V; per query tile the running dQ
+  // (empty unless fuse_dq past the first key tile) and then the next query tile's Q, dO.
+  // Stage of a query tile: the parity of its position in the block's walk. The walk snakes:
+  // odd key tiles take the query tiles in reverse, so the running dQ (and Q, dO) a key tile
+  // starts with are the ones the previous one just left, still in L2.
+  int walk = 0;
+  for (int kt = kt_first; kt < kt_end; ++kt) {
+    const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
+    // The previous key tile's last barrier freed K, V and the key biases.
+    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h), j0, p.Lk, p.D, (kFast || plan.vec_k), tid);
+    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h), j0, p.Lk, p.D, (kFast || plan.vec_v), tid);
     cp_async_commit();
-    BiasTilePrefetch<Element> prefetch;
-    if (fast_tile) prefetch.load(p, plan, fill, b, n, h, 0, static_cast<int64_t>(kt_first) * kBlockN);
+    if (tid < kBlockN) {  // the key tile's biases load once
+      KeyBiasPrefetch key_bias;
+      key_bias.start(p, plan, b, n, h);
+      key_bias.load<kFast>(p, plan, b, n, h, j0 + tid);
+      sKey[tid] = key_bias.value_log2<kFast>(p, plan);
+    }
+    const bool accumulate_dq = fuse_dq && kt > kt_first;
 
-    // cp.async groups, in issue order: per key tile its K, V; per query tile the running dQ
-    // (empty unless fuse_dq past the first key tile) and then the next query tile's Q, dO.
-    // Stage of a query tile: the parity of its position in the block's walk. The walk snakes:
-    // odd key tiles take the query tiles in reverse, so the running dQ (and Q, dO) a key tile
-    // starts with are the ones the previous one just left, still in L2.
-    int walk = 0;
-    for (int kt = kt_first; kt < kt_end; ++kt) {
-      const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
-      // The previous key tile's last barrier freed K, V and the key biases.
-      load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h), j0, p.Lk, p.D, (kFast || plan.vec_k), tid);
-      load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h), j0, p.Lk, p.D, (kFast || plan.vec_v), tid);
-      cp_async_commit();
-      if (tid < kBlockN) {  // the key tile's biases load once
-        KeyBiasPrefetch key_bias;
-        key_bias.start(p, plan, b, n, h);
-        key_bias.load<kFast>(p, plan, b, n, h, j0 + tid);
-        sKey[tid] = key_bias.value_log2<kFast>(p, plan);
+    float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
+    for (int d = 0; d < kDTiles; ++d)
+      for (int e = 0; e < 4; ++e) acc_dk[d][e] = acc_dv[d][e] = 0.0f;
+
+    const bool reverse = (kt - kt_first) & 1;
+    for (int step = 0; step < plan.q_tiles; ++step, ++walk) {
+      const int stage = walk & 1;
+      const int qt = reverse ? plan.q_tiles - 1 - step : step;
+      const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
+      if (fast_tile) {
+        prefetch.store(sTile, kTileStride, fill);
+      } else if (!kFast && has_tile) {
+        fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
       }
-      const bool accumulate_dq = fuse_dq && kt > kt_first;
-
-      float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
-      for (int d = 0; d < kDTiles; ++d)
-        for (int e = 0; e < 4; ++e) acc_dk[d][e] = acc_dv[d][e] = 0.0f;
-
-      const bool reverse = (kt - kt_first) & 1;
-      for (int step = 0; step < plan.q_tiles; ++step, ++walk) {
-        const int stage = walk & 1;
-        const int qt = reverse ? plan.q_tiles - 1 - step : step;
-        const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
-        if (fast_tile) {
-          prefetch.store(sTile, kTileStride, fill);
-        } else if (!kFast && has_tile) {
-          fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
+      if (tid < kBlockM) {
+        sRowMax[tid] = next_max;
+        sRowLogSum[tid] = next_log_sum;
+        sDelta[tid] = next_delta;
+      }
+      if (accumulate_dq) {  // the running dQ of this query tile, needed after the scores
+        constexpr int kChunksPerRow = kHeadDim / 4;
+        for (int c = tid; c < kBlockM * kChunksPerRow; c += 128) {
+          const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 4;
+          const bool valid = i0 + r < p.Lq && col < plan.dq_width;
+          cp_async_16(sdQ + r * kDqStride + col,
+                      valid ? dq_accum + (i0 + r) * plan.dq_width + col : dq_accum, valid);
         }
-        if (tid < kBlockM) {
-          sRowMax[tid] = next_max;
-          sRowLogSum[tid] = next_log_sum;
-          sDelta[tid] = next_delta;
-        }
-        if (accumulate_dq) {  // the running dQ of this query tile, needed after the scores
-          constexpr int kChunksPerRow = kHeadDim / 4;
-          for (int c = tid; c < kBlockM * kChunksPerRow; c += 128) {
-            const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 4;
-            const bool valid = i0 + r < p.Lq && col < plan.dq_width;
-            cp_async_16(sdQ + r * kDqStride + col,
-                        valid ? dq_accum + (i0 + r) * plan.dq_width + col : dq_accum, valid);
-          }
-        }
+      }
+      cp_async_commit();
+      const bool last_kt = kt + 1 == kt_end;
+      const bool last_step = step + 1 == plan.q_tiles;
+      const bool has_next = !last_step || !last_kt;
+      if (has_next) {
+        // The next tile: the walk's neighbour, or this query tile again for the next key tile.
+        const int next_qt = last_step ? qt : reverse ? qt - 1 : qt + 1;
+        load_query_tile(next_qt, stage ^ 1);
         cp_async_commit();
-        const bool last_kt = kt + 1 == kt_end;
-        const bool last_step = step + 1 == plan.q_tiles;
-        const bool has_next = !last_step || !last_kt;
+        if (fast_tile) {
+          prefetch.load(p, plan, fill, b, n, h, static_cast<int64_t>(next_qt) * kBlockM,
+                        last_step ? j0 + kBlockN : j0);
+        }
+        cp_async_wait<2>();  // all but the running dQ and the next query tile
+      } else {
+        cp_async_wait<1>();
+      }
+      __syncthreads();
+
+      const Element* Qs = sQ + stage * T::kSeqElems;
+      const Element* dOs = sdO + stage * T::kSeqElems;
+      // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
+      float s[kQTiles][4], dp[kQTiles][4];
+      for (int nt = 0; nt < kQTiles; ++nt)
+        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t ka[4], va[4];
+        const int a_off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
+        ldmatrix_x4(ka, sK + a_off);
+        ldmatrix_x4(va, sV + a_off);
+        for (int np = 0; np < kQTiles / 2; ++np) {
+          const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int b_off = row * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
+          uint32_t qb[4], dob[4];
+          ldmatrix_x4(qb, Qs + b_off);
+          ldmatrix_x4(dob, dOs + b_off);
+          mma_16816<Element>(s[2 * np], ka, {qb[0], qb[1]});
+          mma_16816<Element>(s[2 * np + 1], ka, {qb[2], qb[3]});
+          mma_16816<Element>(dp[2 * np], va, {dob[0], dob[1]});
+          mma_16816<Element>(dp[2 * np + 1], va, {dob[2], dob[3]});
+        }
+      }
+
+      // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
+      const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
+      const float* dlt = sDelta;
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        for (int e = 0; e < 4; ++e) {
+          const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
+          // Key biases are stored times log2(e); the tile in natural units.
+          const float tile = has_tile ? sTile[query * kTileStride + key] : 0.0f;
+          const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
+          const float prob = exp2_approx((x - sRowMax[query]) - sRowLogSum[query]);
+          s[nt][e] = prob;
+          dp[nt][e] = prob * (dp[nt][e] - dlt[query]);
+        }
+      }
+
+      // dV += P^T dO and dK += dS^T Q; B operands are dO / Q read transposed.
+      uint32_t* sdS32 = reinterpret_cast<uint32_t*>(sdS);
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const uint32_t pa[4] = {pack2<Element>(s[2 * kk][0], s[2 * kk][1]),
+                                pack2<Element>(s[2 * kk][2], s[2 * kk][3]),
+                                pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const uint32_t dsa[4] = {pack2<Element>(dp[2 * kk][0], dp[2 * kk][1]),
+                                 pack2<Element>(dp[2 * kk][2], dp[2 * kk][3]),
+                                 pack2<Element>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                 pack2<Element>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+        if (fuse_dq) {  // dS^T rows warp_row + g (+8), query columns 16 kk + 2t (+8)
+          const int w0 = ((warp_row + g) * kDsStride + kk * 16 + 2 * t) / 2;
+          sdS32[w0] = dsa[0];
+          sdS32[w0 + 4 * kDsStride] = dsa[1];
+          sdS32[w0 + 4] = dsa[2];
+          sdS32[w0 + 4 * kDsStride + 4] = dsa[3];
+        }
+        for (int dq = 0; dq < kDTiles / 2; ++dq) {
+          const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          const int off = row * kRowStride + dq * 16 + (lane >> 4) * 8;
+          uint32_t dob[4], qb[4];
+          ldmatrix_x4_trans(dob, dOs + off);
+          ldmatrix_x4_trans(qb, Qs + off);
+          mma_16816<Element>(acc_dv[2 * dq], pa, {dob[0], dob[1]});
+          mma_16816<Element>(acc_dv[2 * dq + 1], pa, {dob[2], dob[3]});
+          mma_16816<Element>(acc_dk[2 * dq], dsa, {qb[0], qb[1]});
+          mma_16816<Element>(acc_dk[2 * dq + 1], dsa, {qb[2], qb[3]});
+        }
+      }
+
+      if (fuse_dq) {
+        // dQ rows warp_row + g (+8) of this query tile += dS K over the tile's 64 keys: A is
+        // dS^T read transposed, B is K read transposed (k = key, n = d).
         if (has_next) {
-          // The next tile: the walk's neighbour, or this query tile again for the next key tile.
-          const int next_qt = last_step ? qt : reverse ? qt - 1 : qt + 1;
-          load_query_tile(next_qt, stage ^ 1);
-          cp_async_commit();
-          if (fast_tile) {
-            prefetch.load(p, plan, fill, b, n, h, static_cast<int64_t>(next_qt) * kBlockM,
-                          last_step ? j0 + kBlockN : j0);
-          }
-          cp_async_wait<2>();  // all but the running dQ and the next query tile
-        } else {
           cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
         }
-        __syncthreads();
-
-        const Element* Qs = sQ + stage * T::kSeqElems;
-        const Element* dOs = sdO + stage * T::kSeqElems;
-        // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
-        float s[kQTiles][4], dp[kQTiles][4];
-        for (int nt = 0; nt < kQTiles; ++nt)
-          for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          uint32_t ka[4], va[4];
-          const int a_off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
-          ldmatrix_x4(ka, sK + a_off);
-          ldmatrix_x4(va, sV + a_off);
-          for (int np = 0; np < kQTiles / 2; ++np) {
-            const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-            const int b_off = row * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
-            uint32_t qb[4], dob[4];
-            ldmatrix_x4(qb, Qs + b_off);
-            ldmatrix_x4(dob, dOs + b_off);
-            mma_16816<Element>(s[2 * np], ka, {qb[0], qb[1]});
-            mma_16816<Element>(s[2 * np + 1], ka, {qb[2], qb[3]});
-            mma_16816<Element>(dp[2 * np], va, {dob[0], dob[1]});
-            mma_16816<Element>(dp[2 * np + 1], va, {dob[2], dob[3]});
-          }
+        __syncthreads();  // every warp's dS^T and the running dQ are in shared memory
+        float acc_dq[kDTiles][4];
+        for (int d = 0; d < kDTiles; ++d) {
+          const float2 prev = accumulate_dq
+              ? *reinterpret_cast<const float2*>(sdQ + (warp_row + g) * kDqStride + d * 8 + 2 * t)
+              : make_float2(0.0f, 0.0f);
+          const float2 prev8 = accumulate_dq
+              ? *reinterpret_cast<const float2*>(sdQ + (warp_row + g + 8) * kDqStride + d * 8 + 2 * t)
+              : make_float2(0.0f, 0.0f);
+          acc_dq[d][0] = prev.x;
+          acc_dq[d][1] = prev.y;
+          acc_dq[d][2] = prev8.x;
+          acc_dq[d][3] = prev8.y;
         }
-
-        // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
-        const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
-        const float* dlt = sDelta;
-        for (int nt = 0; nt < kQTiles; ++nt) {
-          for (int e = 0; e < 4; ++e) {
-            const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
-            // Key biases are stored times log2(e); the tile in natural units.
-            const float tile = has_tile ? sTile[query * kTileStride + key] : 0.0f;
-            const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
-            const float prob = exp2_approx((x - sRowMax[query]) - sRowLogSum[query]);
-            s[nt][e] = prob;
-            dp[nt][e] = prob * (dp[nt][e] - dlt[query]);
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          uint32_t a[4];
+          ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * kDsStride + warp_row +
+                                   ((lane >> 3) & 1) * 8);
+          for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
+            uint32_t kb[4];
+            const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            ldmatrix_x4_trans(kb, sK + key * kRowStride + dp2 * 16 + (lane >> 4) * 8);
+            mma_16816<Element>(acc_dq[2 * dp2], a, {kb[0], kb[1]});
+            mma_16816<Element>(acc_dq[2 * dp2 + 1], a, {kb[2], kb[3]});
           }
         }
-
-        // dV += P^T dO and dK += dS^T Q; B operands are dO / Q read transposed.
-        uint32_t* sdS32 = reinterpret_cast<uint32_t*>(sdS);
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-          const uint32_t pa[4] = {pack2<Element>(s[2 * kk][0], s[2 * kk][1]),
-                                  pack2<Element>(s[2 * kk][2], s[2 * kk][3]),
-                                  pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-          const uint32_t dsa[4] = {pack2<Element>(dp[2 * kk][0], dp[2 * kk][1]),
-                                   pack2<Element>(dp[2 * kk][2], dp[2 * kk][3]),
-                                   pack2<Element>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                   pack2<Element>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-          if (fuse_dq) {  // dS^T rows warp_row + g (+8), query columns 16 kk + 2t (+8)
-            const int w0 = ((warp_row + g) * kDsStride + kk * 16 + 2 * t) / 2;
-            sdS32[w0] = dsa[0];
-            sdS32[w0 + 4 * kDsStride] = dsa[1];
-            sdS32[w0 + 4] = dsa[2];
-            sdS32[w0 + 4 * kDsStride + 4] = dsa[3];
-          }
-          for (int dq = 0; dq < kDTiles / 2; ++dq) {
-            const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            const int off = row * kRowStride + dq * 16 + (lane >> 4) * 8;
-            uint32_t dob[4], qb[4];
-            ldmatrix_x4_trans(dob, dOs + off);
-            ldmatrix_x4_trans(qb, Qs + off);
-            mma_16816<Element>(acc_dv[2 * dq], pa, {dob[0], dob[1]});
-            mma_16816<Element>(acc_dv[2 * dq + 1], pa, {dob[2], dob[3]});
-            mma_16816<Element>(acc_dk[2 * dq], dsa, {qb[0], qb[1]});
-            mma_16816<Element>(acc_dk[2 * dq + 1], dsa, {qb[2], qb[3]});
-          }
-        }
-
-        if (fuse_dq) {
-          // dQ rows warp_row + g (+8) of this query tile += dS K over the tile's 64 keys: A is
-          // dS^T read transposed, B is K read transposed (k = key, n = d).
-          if (has_next) {
-            cp_async_wait<1>();
-          } else {
-            cp_async_wait<0>();
-          }
-          __syncthreads();  // every warp's dS^T and the running dQ are in shared memory
-          float acc_dq[kDTiles][4];
-          for (int d = 0; d < kDTiles; ++d) {
-            const float2 prev = accumulate_dq
-                ? *reinterpret_cast<const float2*>(sdQ + (warp_row + g) * kDqStride + d * 8 + 2 * t)
-                : make_float2(0.0f, 0.0f);
-            const float2 prev8 = accumulate_dq
-                ? *reinterpret_cast<const float2*>(sdQ + (warp_row + g + 8) * kDqStride + d * 8 + 2 * t)
-                : make_float2(0.0f, 0.0f);
-            acc_dq[d][0] = prev.x;
-            acc_dq[d][1] = prev.y;
-            acc_dq[d][2] = prev8.x;
-            acc_dq[d][3] = prev8.y;
-          }
-          for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            uint32_t a[4];
-            ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * kDsStride + warp_row +
-                                     ((lane >> 3) & 1) * 8);
-            for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
-              uint32_t kb[4];
-              const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-              ldmatrix_x4_trans(kb, sK + key * kRowStride + dp2 * 16 + (lane >> 4) * 8);
-              mma_16816<Element>(acc_dq[2 * dp2], a, {kb[0], kb[1]});
-              mma_16816<Element>(acc_dq[2 * dp2 + 1], a, {kb[2], kb[3]});
-            }
-          }
-          if (last_kt) {
-            const float scale[2] = {p.scale, p.scale};
-            Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n +
-                          h * p.dq_stride.h;
-            store_acc_rows<Element, kDTiles>(acc_dq, dq, p.dq_stride.l, p.dq_stride.d,
-                                             i0 + warp_row, p.Lq, p.D, plan.pairs_dq, lane, scale);
-          } else {
-            for (int r = 0; r < 2; ++r) {
-              const int64_t i = i0 + warp_row + g + 8 * r;
-              if (i >= p.Lq) continue;
-              for (int d = 0; d < kDTiles; ++d) {
-                const int c = d * 8 + 2 * t;
-                if (c < plan.dq_width) {
-                  *reinterpret_cast<float2*>(dq_accum + i * plan.dq_width + c) =
-                      make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
-                }
+        if (last_kt) {
+          const float scale[2] = {p.scale, p.scale};
+          Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n +
+                        h * p.dq_stride.h;
+          store_acc_rows<Element, kDTiles>(acc_dq, dq, p.dq_stride.l, p.dq_stride.d,
+                                           i0 + warp_row, p.Lq, p.D, plan.pairs_dq, lane, scale);
+        } else {
+          for (int r = 0; r < 2; ++r) {
+            const int64_t i = i0 + warp_row + g + 8 * r;
+            if (i >= p.Lq) continue;
+            for (int d = 0; d < kDTiles; ++d) {
+              const int c = d * 8 + 2 * t;
+              if (c < plan.dq_width) {
+                *reinterpret_cast<float2*>(dq_accum + i * plan.dq_width + c) =
+                    make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
               }
             }
           }
         }
-        __syncthreads();
       }
-
-      const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
-      Element* dk = static_cast<Element*>(p.dk) + b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
-      Element* dv = static_cast<Element*>(p.dv) + b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
-      store_acc_rows<Element, kDTiles>(acc_dk, dk, p.dk_stride.l, p.dk_stride.d, j0 + warp_row, p.Lk,
-                                       p.D, plan.pairs_dk, lane, scale);
-      store_acc_rows<Element, kDTiles>(acc_dv, dv, p.dv_stride.l, p.dv_stride.d, j0 + warp_row, p.Lk,
-                                       p.D, plan.pairs_dv, lane, one);
+      __syncthreads();
     }
-    // The last query step's barrier freed shared memory and its waits drained every copy: the
-    // next item's loads may start.
+
+    const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
+    Element* dk = static_cast<Element*>(p.dk) + b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
+    Element* dv = static_cast<Element*>(p.dv) + b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
+    store_acc_rows<Element, kDTiles>(acc_dk, dk, p.dk_stride.l, p.dk_stride.d, j0 + warp_row, p.Lk,
+                                     p.D, plan.pairs_dk, lane, scale);
+    store_acc_rows<Element, kDTiles>(acc_dv, dv, p.dv_stride.l, p.dv_stride.d, j0 + warp_row, p.Lk,
+                                     p.D, plan.pairs_dv, lane, one);
+  }
+  if (dq_accum != nullptr) {
+    // The last query step's waits and barrier finished every thread's running-dQ traffic;
+    // the fence publishes it before the slot is free.
+    if (tid == 0) {
+      __threadfence();
+      atomicExch(plan.dq_slot_busy + dq_slot, 0);
+    }
   }
 }
 
@@ -354,16 +372,7 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
   auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast>;
   const size_t smem = plan.fuse_dq ? T::kSmemBytesFused : T::kSmemBytes;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
-  int64_t blocks = p.B * p.N * p.H * plan.k_tiles;
-  if (plan.fuse_dq) {  // the walk: as many blocks as fit at once, at most one per dQ slot
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaError_t err = cudaGetDevice(&device)) return err;
-    if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) return err;
-    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, smem)) {
-      return err;
-    }
-    blocks = std::max<int64_t>(1, std::min<int64_t>(plan.dq_slots, static_cast<int64_t>(sms) * per_sm));
-  }
+  const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
   kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
   return cudaGetLastError();
 }

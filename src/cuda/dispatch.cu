@@ -102,14 +102,15 @@ cudaError_t fwd_tf32(const FwdParams& p, cudaStream_t stream) {
   return err;
 }
 
-// Workspace layout: [row statistics][running dQ][partials of d_mask_bias][partials of
-// d_pair_bias], each part 256-byte aligned; the running dQ (dq_pool_rows slots of [Lq,
-// dq_width] floats) only when the dK/dV kernel computes dQ over more than one key tile
+// Workspace layout: [row statistics][running dQ][its slots' busy flags][partials of
+// d_mask_bias][partials of d_pair_bias], each part 256-byte aligned; the running dQ
+// (dq_pool_rows slots of [Lq, dq_width] floats) only when the dK/dV kernel computes dQ over more than one key tile
 // (LaunchPlan::fuse_dq). chunk_budget keeps the total within SPEC's bound.
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {
   size_t dq_accum_offset;  // 0: none
+  size_t dq_busy_offset;   // the running-dQ slots' busy flags
   size_t partial_offset[kNumGradSlots];
   size_t total;
 };
@@ -122,6 +123,8 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
     if (plan.fuse_dq && plan.k_tiles > 1) {
       w.dq_accum_offset = offset;
       offset += align256(static_cast<size_t>(cuda::dq_pool_rows(p) * p.Lq) * plan.dq_width * sizeof(float));
+      w.dq_busy_offset = offset;
+      offset += align256(static_cast<size_t>(cuda::dq_pool_rows(p)) * sizeof(int));
     }
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
       w.partial_offset[slot] = offset;
@@ -136,11 +139,12 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t stream) {
   const WorkspaceLayout layout = workspace_layout(p, plan);
   if (layout.dq_accum_offset != 0) {
-    plan.dq_accum = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + layout.dq_accum_offset);
+    char* base = static_cast<char*>(p.workspace);
+    plan.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum_offset);
+    plan.dq_slots = static_cast<int32_t>(cuda::dq_pool_rows(p));
+    plan.dq_slot_busy = reinterpret_cast<int*>(base + layout.dq_busy_offset);
+    if (cudaError_t e = cudaMemsetAsync(plan.dq_slot_busy, 0, plan.dq_slots * sizeof(int), stream)) return e;
   }
-  // The fused walk's grid: one block per running-dQ slot, or (one key tile: no running dQ) up
-  // to one per (b, n, h).
-  plan.dq_slots = layout.dq_accum_offset != 0 ? cuda::dq_pool_rows(p) : p.B * p.N * p.H;
   if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream)) return e;
   for (int slot = plan.fuse_dq ? 0 : -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;

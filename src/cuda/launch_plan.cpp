@@ -55,14 +55,15 @@ bool fuse_dq_by_shape(const BwdParams& p) {
 // key tile. Counted by shape, so also where the dispatcher finds the GPU too small to fuse.
 int64_t running_dq_floats(const BwdParams& p) {
   const bool running = fuse_dq_by_shape(p) && p.Lk > kTile;
-  return running ? dq_pool_rows(p) * p.Lq * ((p.D + 7) / 8 * 8) + kAlignFloats : 0;
+  // The slots, then one busy flag (4 bytes) per slot.
+  return running ? dq_pool_rows(p) * (p.Lq * ((p.D + 7) / 8 * 8) + 1) + 2 * kAlignFloats : 0;
 }
 
 }  // namespace
 
 int64_t dq_pool_rows(const BwdParams& p) {
-  const int64_t room = workspace_bound_floats(p) - row_stats_floats(p) - 3 * kAlignFloats;
-  const int64_t slots = std::max<int64_t>(room, 0) / (p.Lq * ((p.D + 7) / 8 * 8));
+  const int64_t room = workspace_bound_floats(p) - row_stats_floats(p) - 4 * kAlignFloats;
+  const int64_t slots = std::max<int64_t>(room, 0) / (p.Lq * ((p.D + 7) / 8 * 8) + 1);
   return std::min({slots, p.B * p.N * p.H, kMaxDqSlots});
 }
 

@@ -35,15 +35,17 @@ struct LaunchPlan {
   // item instead and merge their partial softmax at the end: twice the parallelism.
   bool pair_over_k;
   int64_t fwd_blocks;
-  // Backward: the dK/dV kernel also computes dQ (blocks walk the (b, n, h), each walking its
-  // key tiles in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives
-  // between key tiles in `dq_accum`: one float32 [Lq, dq_width] slot per block of the walk's
-  // grid (dq_slots of them, at most dq_pool_rows(p)), not one per (b, n, h). Null with one key
-  // tile.
+  // Backward: the dK/dV kernel also computes dQ (one block per (b, n, h) walking its key tiles
+  // in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives between key
+  // tiles in `dq_accum`: a pool of dq_slots float32 [Lq, dq_width] slots (workspace; null with
+  // one key tile), each held by one running block at a time (`dq_slot_busy`, zeroed before the
+  // kernel). dq_slots = dq_pool_rows(p): more than the GPU keeps resident where the shape has
+  // that many (b, n, h), so SPEC's workspace bound holds without a dQ-sized buffer.
   bool fuse_dq;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
-  int64_t dq_slots;  // the fused dK/dV grid (the dispatcher sets it)
+  int32_t dq_slots;
+  int* dq_slot_busy;
 };
 
 // Whether a forward can take the kernels compiled for the common case (their `kFast`): 16-byte
@@ -74,9 +76,9 @@ struct RowsTask {
   float* partials;
 };
 
-// Most blocks of the fused dK/dV walk (LaunchPlan::fuse_dq), and so running-dQ slots: more than
-// any GPU keeps resident (an H100 holds 264 to 396). A constant, so the workspace and the
-// chunk counts it leaves room for depend on the shape only.
+// Most running-dQ slots of a fused dK/dV (LaunchPlan::fuse_dq): more than any GPU keeps
+// resident (an H100 holds 264 to 396 of its blocks). A constant, so the workspace and the chunk
+// counts it leaves room for depend on the shape only.
 constexpr int64_t kMaxDqSlots = 512;
 
 // Tile edge of the mma.sync kernels and of a partial tile.
