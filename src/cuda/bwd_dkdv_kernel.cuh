@@ -15,6 +15,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "backend.h"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
@@ -105,17 +107,17 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
   const BiasFill fill = bias_fill_slice(false, tid, tid);
   // The running dQ of this (b, n, h): rows of plan.dq_width floats in a slot of the pool the
-  // block holds while it runs. Thread 0 claims the first free slot from blockIdx.x on (only
-  // running blocks hold slots and each frees its own at the end, so a claim always ends; with
-  // more slots than resident blocks it succeeds at once); the end of the kernel frees it.
+  // block holds while it runs. Thread 0 claims the first free slot from blockIdx.x modulo the
+  // blocks the GPU holds at once (dq_hot_slots: the block that last had it has most likely
+  // finished, and the slots in use stay few enough for L2); only running blocks hold slots and
+  // each frees its own at the end, so a claim always ends. The end of the kernel frees it.
   // Which slot a block gets does not change any result: its first key tile writes the slot
   // before anything reads it.
   float* dq_accum = nullptr;
-  int dq_slot = 0;
   if (fuse_dq && plan.dq_accum != nullptr) {
     int* claimed = reinterpret_cast<int*>(sdS);  // dS^T is first stored after a barrier
     if (tid == 0) {
-      int slot = static_cast<int>(blockIdx.x % plan.dq_slots);
+      int slot = static_cast<int>(blockIdx.x % plan.dq_hot_slots);
       while (atomicCAS(plan.dq_slot_busy + slot, 0, 1) != 0) {
         slot = slot + 1 == plan.dq_slots ? 0 : slot + 1;
         __nanosleep(64);
@@ -124,8 +126,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
       *claimed = slot;
     }
     __syncthreads();
-    dq_slot = *claimed;
-    dq_accum = plan.dq_accum + static_cast<int64_t>(dq_slot) * p.Lq * plan.dq_width;
+    dq_accum = plan.dq_accum + static_cast<int64_t>(*claimed) * p.Lq * plan.dq_width;
   }
 
   // Q and dO of query tile `qt` into stage `s` (cp.async); its row statistics into registers
@@ -361,7 +362,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
     // the fence publishes it before the slot is free.
     if (tid == 0) {
       __threadfence();
-      atomicExch(plan.dq_slot_busy + dq_slot, 0);
+      atomicExch(plan.dq_slot_busy + (dq_accum - plan.dq_accum) / (p.Lq * plan.dq_width), 0);
     }
   }
 }
@@ -373,7 +374,21 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
   const size_t smem = plan.fuse_dq ? T::kSmemBytesFused : T::kSmemBytes;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
+  if (plan.dq_accum == nullptr) {
+    kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
+    return cudaGetLastError();
+  }
+  // Where claims start: the resident blocks (rounded down to whole slots), no more than the pool.
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaError_t err = cudaGetDevice(&device)) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) return err;
+  if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, smem)) {
+    return err;
+  }
+  LaunchPlan hot = plan;
+  hot.dq_hot_slots = static_cast<int32_t>(
+      std::max<int64_t>(1, std::min<int64_t>(plan.dq_slots, static_cast<int64_t>(sms) * per_sm)));
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, hot);
   return cudaGetLastError();
 }
 

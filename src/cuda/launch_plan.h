@@ -45,6 +45,7 @@ struct LaunchPlan {
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;
+  int32_t dq_hot_slots;  // where a block starts looking for a free slot: blockIdx.x mod this
   int* dq_slot_busy;
 };
 
