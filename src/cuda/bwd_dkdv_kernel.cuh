@@ -15,8 +15,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "backend.h"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
@@ -54,7 +52,7 @@ struct BwdKeyTraits {
                 "dkdv_smem_bytes counts this layout");
   // Three blocks per SM for head dim 16 (registers capped at 168), two up to 64: at three the
   // D = 32 loop spills, and on an H100 two unspilled blocks ran the backward 8-12% faster.
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 16 ? 3 : kHeadDim <= 64 ? 2 : 1;
+  static constexpr int kMinBlocksPerSm = dkdv_blocks_per_sm(kHeadDim);
   static_assert(kBlockM == kTile && kBlockN == kTile, "one tile shape for K, V, Q and dO: the plan's");
   static_assert(kSmemBytesFused <= 227 * 1024, "shared memory per block on sm_90");
 };
@@ -107,17 +105,17 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
   const BiasFill fill = bias_fill_slice(false, tid, tid);
   // The running dQ of this (b, n, h): rows of plan.dq_width floats in a slot of the pool the
-  // block holds while it runs. Thread 0 claims the first free slot from blockIdx.x modulo the
-  // blocks the GPU holds at once (dq_hot_slots: the block that last had it has most likely
-  // finished, and the slots in use stay few enough for L2); only running blocks hold slots and
-  // each frees its own at the end, so a claim always ends. The end of the kernel frees it.
+  // block holds while it runs. Thread 0 claims the first free slot from its SM's own
+  // (kMinBlocksPerSm per SM: as many as its registers let an SM hold, so they are free, and the
+  // slots in use stay as few as the blocks in flight, for L2); only running blocks hold slots
+  // and each frees its own at the end, so a claim always ends, whatever the SM numbering.
   // Which slot a block gets does not change any result: its first key tile writes the slot
   // before anything reads it.
   float* dq_accum = nullptr;
   if (fuse_dq && plan.dq_accum != nullptr) {
     int* claimed = reinterpret_cast<int*>(sdS);  // dS^T is first stored after a barrier
     if (tid == 0) {
-      int slot = static_cast<int>(blockIdx.x % plan.dq_hot_slots);
+      int slot = static_cast<int>(sm_id() * T::kMinBlocksPerSm % plan.dq_slots);
       while (atomicCAS(plan.dq_slot_busy + slot, 0, 1) != 0) {
         slot = slot + 1 == plan.dq_slots ? 0 : slot + 1;
         __nanosleep(64);
@@ -374,21 +372,7 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
   const size_t smem = plan.fuse_dq ? T::kSmemBytesFused : T::kSmemBytes;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
-  if (plan.dq_accum == nullptr) {
-    kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
-    return cudaGetLastError();
-  }
-  // Where claims start: the resident blocks (rounded down to whole slots), no more than the pool.
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaError_t err = cudaGetDevice(&device)) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) return err;
-  if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, smem)) {
-    return err;
-  }
-  LaunchPlan hot = plan;
-  hot.dq_hot_slots = static_cast<int32_t>(
-      std::max<int64_t>(1, std::min<int64_t>(plan.dq_slots, static_cast<int64_t>(sms) * per_sm)));
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, hot);
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
   return cudaGetLastError();
 }
 

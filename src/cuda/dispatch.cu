@@ -2,6 +2,7 @@
 // SIMT for float32) and the head-dim bucket, then launch on the caller's stream.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -81,6 +82,11 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   if (plan.fuse_dq) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess) sms = 0;
+    plan.dq_slots = static_cast<int32_t>(std::max<int64_t>(
+        1, std::min<int64_t>(cuda::dq_pool_rows(p),
+                             int64_t{sms} * cuda::dkdv_blocks_per_sm(head_dim_bucket(p.D)))));
     int allowed = 0;
     if (cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device) != cudaSuccess ||
         cuda::dkdv_smem_bytes(head_dim_bucket(p.D), true) > static_cast<size_t>(allowed)) {
@@ -122,9 +128,9 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
     if (plan.fuse_dq && plan.k_tiles > 1) {
       w.dq_accum_offset = offset;
-      offset += align256(static_cast<size_t>(cuda::dq_pool_rows(p) * p.Lq) * plan.dq_width * sizeof(float));
+      offset += align256(static_cast<size_t>(plan.dq_slots * p.Lq) * plan.dq_width * sizeof(float));
       w.dq_busy_offset = offset;
-      offset += align256(static_cast<size_t>(cuda::dq_pool_rows(p)) * sizeof(int));
+      offset += align256(static_cast<size_t>(plan.dq_slots) * sizeof(int));
     }
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
       w.partial_offset[slot] = offset;
@@ -141,7 +147,6 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
   if (layout.dq_accum_offset != 0) {
     char* base = static_cast<char*>(p.workspace);
     plan.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum_offset);
-    plan.dq_slots = static_cast<int32_t>(cuda::dq_pool_rows(p));
     plan.dq_slot_busy = reinterpret_cast<int*>(base + layout.dq_busy_offset);
     if (cudaError_t e = cudaMemsetAsync(plan.dq_slot_busy, 0, plan.dq_slots * sizeof(int), stream)) return e;
   }

@@ -39,13 +39,12 @@ struct LaunchPlan {
   // in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives between key
   // tiles in `dq_accum`: a pool of dq_slots float32 [Lq, dq_width] slots (workspace; null with
   // one key tile), each held by one running block at a time (`dq_slot_busy`, zeroed before the
-  // kernel). dq_slots = dq_pool_rows(p): more than the GPU keeps resident where the shape has
-  // that many (b, n, h), so SPEC's workspace bound holds without a dQ-sized buffer.
+  // kernel): one per block the GPU can hold, not one per (b, n, h), so SPEC's workspace bound
+  // holds without a dQ-sized buffer.
   bool fuse_dq;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
-  int32_t dq_slots;
-  int32_t dq_hot_slots;  // where a block starts looking for a free slot: blockIdx.x mod this
+  int32_t dq_slots;  // min(dq_pool_rows(p), SMs x dkdv_blocks_per_sm): bwd_launch_plan
   int* dq_slot_busy;
 };
 
@@ -103,8 +102,14 @@ constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq) {
   return base + (fused_dq ? fused : 0);
 }
 
-// Running-dQ slots the workspace holds for a fused dK/dV: min(B N H, kMaxDqSlots).
+// Running-dQ slots a fused dK/dV may use for this shape: min(B N H, kMaxDqSlots, what SPEC's
+// workspace bound leaves after the row statistics). The workspace holds min(this, the GPU's
+// resident blocks).
 int64_t dq_pool_rows(const BwdParams& p);
+
+// dK/dV blocks an SM holds at most (register-bound: 168 registers at head dim 16, 255 up to 64,
+// one block of 255 at 128); also the kernel's __launch_bounds__ minimum.
+constexpr int dkdv_blocks_per_sm(int head_dim) { return head_dim <= 16 ? 3 : head_dim <= 64 ? 2 : 1; }
 
 // `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,
