@@ -76,10 +76,11 @@ struct RowsTask {
   float* partials;
 };
 
-// Most running-dQ slots of a fused dK/dV (LaunchPlan::fuse_dq): more than any GPU keeps
-// resident (an H100 holds 264 to 396 of its blocks). A constant, so the workspace and the chunk
-// counts it leaves room for depend on the shape only.
-constexpr int64_t kMaxDqSlots = 512;
+// Most running-dQ slots of a fused dK/dV (LaunchPlan::fuse_dq): at least the blocks an H100
+// holds at once (264, or 396 at head dim 16). A constant, so the chunk counts the workspace
+// bound leaves room for depend on the shape only. (A GPU that holds more blocks runs the extra
+// ones as slots free up.)
+constexpr int64_t kMaxDqSlots = 400;
 
 // Tile edge of the mma.sync kernels and of a partial tile.
 constexpr int kTile = 64;
