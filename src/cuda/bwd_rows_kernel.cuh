@@ -33,7 +33,7 @@ struct BwdRowTraits {
   static constexpr size_t kSmemBytes = 8 * kSeqElems * sizeof(Element) +
                                        (kBlockM * kTileStride + kBlockN + 4 * kBlockN) * sizeof(float);
   // Three blocks per SM for head dim <= 32 (registers capped at 168).
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 3 : kHeadDim <= 64 ? 2 : 1;
+  static constexpr int kMinBlocksPerSm = rows_blocks_per_sm(kHeadDim);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
   static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan and partial tiles count kTile");
 };

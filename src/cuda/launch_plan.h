@@ -111,6 +111,8 @@ int64_t dq_pool_rows(const BwdParams& p);
 // dK/dV blocks an SM holds at most (register-bound: 168 registers at head dim 16, 255 up to 64,
 // one block of 255 at 128); also the kernel's __launch_bounds__ minimum.
 constexpr int dkdv_blocks_per_sm(int head_dim) { return head_dim <= 16 ? 3 : head_dim <= 64 ? 2 : 1; }
+// Query-side (dQ / bias-gradient) blocks an SM holds (168 registers up to head dim 32).
+constexpr int rows_blocks_per_sm(int head_dim) { return head_dim <= 32 ? 3 : head_dim <= 64 ? 2 : 1; }
 
 // `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,
