@@ -82,15 +82,16 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   if (plan.fuse_dq) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess) sms = 0;
-    plan.dq_slots = static_cast<int32_t>(std::max<int64_t>(
-        1, std::min<int64_t>(cuda::dq_pool_rows(p),
-                             int64_t{sms} * cuda::dkdv_blocks_per_sm(head_dim_bucket(p.D)))));
-    int allowed = 0;
-    if (cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device) != cudaSuccess ||
-        cuda::dkdv_smem_bytes(head_dim_bucket(p.D), true) > static_cast<size_t>(allowed)) {
+    // Running-dQ slots: one per block the GPU holds (its registers cap an SM at
+    // dkdv_blocks_per_sm), at most what the shape allows.
+    int sms = 0, allowed = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device) != cudaSuccess ||
+        sms <= 0 || cuda::dkdv_smem_bytes(head_dim_bucket(p.D), true) > static_cast<size_t>(allowed)) {
       plan.fuse_dq = false;
+    } else {
+      plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(
+          cuda::dq_pool_rows(p), int64_t{sms} * cuda::dkdv_blocks_per_sm(head_dim_bucket(p.D))));
     }
   }
   return plan;
@@ -109,8 +110,9 @@ cudaError_t fwd_tf32(const FwdParams& p, cudaStream_t stream) {
 }
 
 // Workspace layout: [row statistics][running dQ][its slots' busy flags][partials of
-// d_mask_bias][partials of d_pair_bias], each part 256-byte aligned; the running dQ
-// (dq_pool_rows slots of [Lq, dq_width] floats) only when the dK/dV kernel computes dQ over more than one key tile
+// d_mask_bias][partials of d_pair_bias], each part starting 256-byte aligned (the total is the
+// end of the last part: no padding after it); the running dQ (plan.dq_slots slots of [Lq,
+// dq_width] floats) only when the dK/dV kernel computes dQ over more than one key tile
 // (LaunchPlan::fuse_dq). chunk_budget keeps the total within SPEC's bound.
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -124,20 +126,24 @@ struct WorkspaceLayout {
 // `plan`: bwd_launch_plan(p), which the backward has already made when it asks.
 WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
   WorkspaceLayout w{};
-  size_t offset = align256(row_stats_bytes(p));
+  size_t end = row_stats_bytes(p);
+  auto place = [&](size_t bytes) {  // a part after the previous one, 256-byte aligned
+    const size_t at = align256(end);
+    end = at + bytes;
+    return at;
+  };
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
     if (plan.fuse_dq && plan.k_tiles > 1) {
-      w.dq_accum_offset = offset;
-      offset += align256(static_cast<size_t>(plan.dq_slots * p.Lq) * plan.dq_width * sizeof(float));
-      w.dq_busy_offset = offset;
-      offset += align256(static_cast<size_t>(plan.dq_slots) * sizeof(int));
+      w.dq_accum_offset = place(static_cast<size_t>(plan.dq_slots * p.Lq) * plan.dq_width * sizeof(float));
+      w.dq_busy_offset = place(static_cast<size_t>(plan.dq_slots) * sizeof(int));
     }
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
-      w.partial_offset[slot] = offset;
-      if (p.dbias[slot].ptr != nullptr) offset += align256(cuda::rows_task_partial_bytes(p, plan, slot));
+      if (p.dbias[slot].ptr != nullptr) {
+        w.partial_offset[slot] = place(cuda::rows_task_partial_bytes(p, plan, slot));
+      }
     }
   }
-  w.total = offset;
+  w.total = end;
   return w;
 }
 

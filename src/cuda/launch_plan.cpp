@@ -61,8 +61,10 @@ int64_t running_dq_floats(const BwdParams& p) {
 
 }  // namespace
 
+// The room is dQ's share of the bound alone, not the bias gradients' too: whether dQ is fused
+// (and so its bytes) must not depend on which bias gradients the caller asks for.
 int64_t dq_pool_rows(const BwdParams& p) {
-  const int64_t room = workspace_bound_floats(p) - row_stats_floats(p) - 4 * kAlignFloats;
+  const int64_t room = p.B * p.N * p.H * p.Lq * p.D - row_stats_floats(p) - 4 * kAlignFloats;
   const int64_t slots = std::max<int64_t>(room, 0) / (p.Lq * ((p.D + 7) / 8 * 8) + 1);
   return std::min({slots, p.B * p.N * p.H, kMaxDqSlots});
 }

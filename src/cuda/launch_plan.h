@@ -44,7 +44,7 @@ struct LaunchPlan {
   bool fuse_dq;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
-  int32_t dq_slots;  // min(dq_pool_rows(p), SMs x dkdv_blocks_per_sm): bwd_launch_plan
+  int32_t dq_slots;  // min(dq_pool_rows(p), SMs x dkdv_blocks_per_sm) >= 1: bwd_launch_plan
   int* dq_slot_busy;
 };
 
@@ -103,9 +103,9 @@ constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq) {
   return base + (fused_dq ? fused : 0);
 }
 
-// Running-dQ slots a fused dK/dV may use for this shape: min(B N H, kMaxDqSlots, what SPEC's
-// workspace bound leaves after the row statistics). The workspace holds min(this, the GPU's
-// resident blocks).
+// Running-dQ slots a fused dK/dV may use for this shape: min(B N H, kMaxDqSlots, what dQ's share
+// of SPEC's workspace bound leaves after the row statistics). The workspace holds min(this, the
+// GPU's resident blocks).
 int64_t dq_pool_rows(const BwdParams& p);
 
 // dK/dV blocks an SM holds at most (register-bound: 168 registers at head dim 16, 255 up to 64,

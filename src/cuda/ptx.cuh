@@ -13,9 +13,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte global -> shared copy; `valid` = false writes 16 zero bytes instead (zero-fill).
-// The memory clobbers keep the compiler from moving shared-memory accesses across the copy
-// and the wait.
 // The SM this thread runs on (a hint: the numbering may have gaps).
 __device__ __forceinline__ uint32_t sm_id() {
   uint32_t id;
@@ -23,6 +20,9 @@ __device__ __forceinline__ uint32_t sm_id() {
   return id;
 }
 
+// 16-byte global -> shared copy; `valid` = false writes 16 zero bytes instead (zero-fill).
+// The memory clobbers keep the compiler from moving shared-memory accesses across the copy
+// and the wait.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),

@@ -27,7 +27,7 @@ constexpr evoattn_device_type_t kGpu = EVOATTN_DEVICE_CUDA;
 void check(cudaError_t e) { util::check_cuda(e, "cuda"); }
 
 // Forward + backward (both bias gradients) of one problem on `stream`, device tensors given.
-// N = 3, H = 2: dQ in its own pass; N = 128, H = 2 (256 (b, n, h)): dQ in the dK/dV pass, with a
+// N = 3, H = 2: dQ in its own pass; N = 128, H = 2 (B N H = 512): dQ in the dK/dV pass, with a
 // running-dQ slot pool whose busy flags a memset on the stream clears.
 struct Problem {
   Tensor q, k, v, d_o, mb, pb, o, lse, dq, dk, dv, dmb, dpb;
@@ -61,10 +61,13 @@ struct Problem {
     workspace = util::Buffer(bytes, kGpu);
   }
 
+  // The workspace too: the backward may rely on nothing in it (a stale running-dQ slot, or
+  // busy flags it did not clear, would show).
   void poison_outputs(cudaStream_t stream) {
     for (Tensor* t : {&o, &lse, &dq, &dk, &dv, &dmb, &dpb}) {
       check(cudaMemsetAsync(t->buffer.data(), 0xff, t->buffer.bytes(), stream));
     }
+    check(cudaMemsetAsync(workspace.data(), 0xff, workspace.bytes(), stream));
   }
 
   void run(cudaStream_t stream) {
