@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend.h"
+
 namespace evoattn::cuda {
 namespace {
 
@@ -31,7 +33,12 @@ int64_t grad_floats(const BwdParams& p, const BiasGradParams& g) {
 
 // Floats of the row statistics and the 256-byte alignment of each workspace part.
 constexpr int64_t kAlignFloats = 64;
-int64_t row_stats_floats(const BwdParams& p) { return 3 * p.B * p.N * p.H * p.Lq + kAlignFloats; }
+int64_t row_stats_floats(const BwdParams& p) {
+  return static_cast<int64_t>(row_stats_bytes(p) / sizeof(float)) + kAlignFloats;
+}
+
+// Floats per row of a running-dQ slot (LaunchPlan::dq_width): D rounded up to 8.
+int64_t dq_row_floats(const BwdParams& p) { return (p.D + 7) / 8 * 8; }
 
 // SPEC's workspace bound in floats: float32 buffers the size of dQ plus one per requested bias
 // gradient.
@@ -56,7 +63,7 @@ bool fuse_dq_by_shape(const BwdParams& p) {
 int64_t running_dq_floats(const BwdParams& p) {
   const bool running = fuse_dq_by_shape(p) && p.Lk > kTile;
   // The slots, then one busy flag (4 bytes) per slot.
-  return running ? dq_pool_rows(p) * (p.Lq * ((p.D + 7) / 8 * 8) + 1) + 2 * kAlignFloats : 0;
+  return running ? dq_pool_rows(p) * (p.Lq * dq_row_floats(p) + 1) + 2 * kAlignFloats : 0;
 }
 
 }  // namespace
@@ -65,7 +72,7 @@ int64_t running_dq_floats(const BwdParams& p) {
 // (and so its bytes) must not depend on which bias gradients the caller asks for.
 int64_t dq_pool_rows(const BwdParams& p) {
   const int64_t room = p.B * p.N * p.H * p.Lq * p.D - row_stats_floats(p) - 4 * kAlignFloats;
-  const int64_t slots = std::max<int64_t>(room, 0) / (p.Lq * ((p.D + 7) / 8 * 8) + 1);
+  const int64_t slots = std::max<int64_t>(room, 0) / (p.Lq * dq_row_floats(p) + 1);
   return std::min({slots, p.B * p.N * p.H, kMaxDqSlots});
 }
 
@@ -118,7 +125,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
 LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
   LaunchPlan plan = make_launch_plan(static_cast<const FwdParams&>(p), block_m, block_n);
   plan.fuse_dq = fuse_dq_by_shape(p);
-  plan.dq_width = (p.D + 7) / 8 * 8;  // dq_accum stays null: the dispatcher places it
+  plan.dq_width = static_cast<int32_t>(dq_row_floats(p));  // dq_accum: the dispatcher places it
   plan.vec_do = rows_vectorizable(p.d_o, p.do_stride, p.D, p.dtype);
   plan.vec_o = rows_vectorizable(p.o, p.o_stride, p.D, p.dtype);
   plan.pairs_dq = pairs_storable(p.dq, p.dq_stride, p.D, p.dtype);

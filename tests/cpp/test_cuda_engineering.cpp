@@ -252,19 +252,9 @@ TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
       {"b4tri384", 4, 384, 384, 4, 32, true, true}, {"d128", 1, 64, 200, 4, 128, true, true},
       {"one_key_tile", 1, 300, 40, 4, 32, true, true}, {"odd_d", 2, 70, 130, 3, 20, true, true},
   };
-  auto desc = [](std::vector<int64_t> sizes, evoattn_dtype_t dtype) {
-    evoattn_tensor_t t{};
-    t.data = reinterpret_cast<void*>(uintptr_t{1} << 36);  // never read; 256-byte aligned
-    t.dtype = dtype;
-    t.device = kGpu;
-    t.ndim = static_cast<int32_t>(sizes.size());
-    int64_t stride = 1;
-    for (int d = t.ndim - 1; d >= 0; --d) {
-      t.sizes[d] = sizes[d];
-      t.strides[d] = stride;
-      stride *= sizes[d];
-    }
-    return t;
+  auto desc = [](const std::vector<int64_t>& sizes, evoattn_dtype_t dtype) {
+    void* never_read = reinterpret_cast<void*>(uintptr_t{1} << 36);  // 256-byte aligned
+    return util::make_view(never_read, dtype, sizes, util::contiguous_strides(sizes), kGpu);
   };
   for (const Shape& s : shapes) {
     const evoattn_tensor_t q = desc({s.B, s.N, s.L, s.H, s.D}, EVOATTN_BFLOAT16);
