@@ -208,10 +208,11 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
       if (key_filler) keys[key_slot] = key_bias.value_log2<kFast>(p, plan);
       __syncthreads();
       if (it + 1 < cur.k_iters) {
+        // The key bias first: issued behind the tile loads, its register's reuse waited for them.
+        if (key_filler) key_bias.load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
         copy_kv(stage ^ 1, j0 + kBlockN);
         if (fast_tile) prefetch.load_next(plan, fill);
         cp_async_commit();
-        if (key_filler) key_bias.load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
       } else if (has_next && it > 0) {
         next = decode(next_blk);
         begin_item(next, stage ^ 1);
