@@ -17,6 +17,8 @@ KERNELS = {
     "bwd_rows": ("cuda/bwd_rows_kernel.cuh", "run_bwd_rows",
                  "(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t)"),
 }
+# The forward's group counts per head-dim bucket (fwd_groups_for in launch_plan.h).
+FWD_GROUPS = {16: [2], 32: [2], 64: [3, 1], 128: [2, 1]}
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
@@ -43,9 +45,14 @@ def main() -> None:
     for kernel, (header, fn, sig) in KERNELS.items():
         for dname, dtype in DTYPES.items():
             for hd in HEAD_DIMS:
-                for suffix, fast in VARIANTS.items():
-                    write_instantiation(out, f"{kernel}_{dname}_hdim{hd}{suffix}.cu", header,
-                                        f"cudaError_t {fn}<{dtype}, {hd}, {fast}>{sig}", names)
+                # The forward also by group count: "_g3" files, args <dtype, hd, 3, fast>.
+                groups = FWD_GROUPS[hd] if kernel == "fwd" else [None]
+                for g in groups:
+                    tag = f"_g{g}" if g is not None else ""
+                    garg = f"{g}, " if g is not None else ""
+                    for suffix, fast in VARIANTS.items():
+                        write_instantiation(out, f"{kernel}_{dname}_hdim{hd}{tag}{suffix}.cu", header,
+                                            f"cudaError_t {fn}<{dtype}, {hd}, {garg}{fast}>{sig}", names)
     header, fn, sig = TF32_FWD
     for hd in HEAD_DIMS:
         write_instantiation(out, f"fwd_tf32_hdim{hd}.cu", header, f"cudaError_t {fn}<{hd}>{sig}",

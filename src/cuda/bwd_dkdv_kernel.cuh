@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   // would push the D <= 32 variants past their 168 registers.
   const int64_t stats_row = bnh * p.Lq;
   const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
-  const BiasFill fill = bias_fill_slice(false, tid, tid);
+  const BiasFill fill = bias_fill_slice<T::kThreads>(false, tid, tid);
   // The running dQ of this (b, n, h): rows of plan.dq_width floats in a slot of the pool the
   // block holds while it runs. Thread 0 claims the first free slot from its SM's own
   // (kMinBlocksPerSm per SM: as many as its registers let an SM hold, so they are free, and the

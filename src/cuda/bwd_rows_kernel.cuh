@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
   const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
-  const BiasFill fill = bias_fill_slice(false, tid, tid);
+  const BiasFill fill = bias_fill_slice<T::kThreads>(false, tid, tid);
   // Grid: (tile block, chunk), chunk fastest; this block walks iterations [it_begin, it_end).
   const int64_t block = blockIdx.x / task.chunks, chunk = blockIdx.x % task.chunks;
   const int64_t it_begin = chunk * task.chunk_iters;

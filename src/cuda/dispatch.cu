@@ -63,16 +63,31 @@ cudaError_t with_head_dim(int D, Launch&& launch) {
 
 // The mma.sync kernels use cuda::kTile x cuda::kTile tiles; the SIMT kernels 32 x 32.
 
+// The forward instantiation for plan.fwd_groups: the group counts fwd_groups_for picks.
+template <typename Element, int kHeadDim, bool kFast>
+cudaError_t run_fwd_groups(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  constexpr int kLarge = kHeadDim <= 32 ? 2 : kHeadDim == 64 ? 3 : 2;
+  if constexpr (kHeadDim <= 32) {
+    return cuda::run_fwd<Element, kHeadDim, kLarge, kFast>(p, plan, stream);
+  } else {
+    return plan.fwd_groups == kLarge ? cuda::run_fwd<Element, kHeadDim, kLarge, kFast>(p, plan, stream)
+                                     : cuda::run_fwd<Element, kHeadDim, 1, kFast>(p, plan, stream);
+  }
+}
+
 template <typename Element, bool kFast>
 cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   return with_head_dim(p.D, [&](auto hd) {
-    return cuda::run_fwd<Element, decltype(hd)::value, kFast>(p, plan, stream);
+    return run_fwd_groups<Element, decltype(hd)::value, kFast>(p, plan, stream);
   });
 }
 
 template <typename Element>
 cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
-  const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  size_t smem = 0;
+  if (cudaError_t e = cuda::smem_per_block_limit(p.device, &smem)) return e;
+  cuda::set_fwd_groups(plan, p, cuda::fwd_groups_for(head_dim_bucket(p.D), smem));
   return cuda::fwd_fast_path(plan) ? fwd_mma_path<Element, true>(p, plan, stream)
                                    : fwd_mma_path<Element, false>(p, plan, stream);
 }
@@ -84,10 +99,11 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
   if (plan.fuse_dq) {
     // Running-dQ slots: one per block the GPU holds (its registers cap an SM at
     // dkdv_blocks_per_sm), at most what the shape allows.
-    int sms = 0, allowed = 0;
+    int sms = 0;
+    size_t allowed = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device) != cudaSuccess ||
-        sms <= 0 || cuda::dkdv_smem_bytes(head_dim_bucket(p.D), true) > static_cast<size_t>(allowed)) {
+        cuda::smem_per_block_limit(p.device, &allowed) != cudaSuccess ||
+        sms <= 0 || cuda::dkdv_smem_bytes(head_dim_bucket(p.D), true) > allowed) {
       plan.fuse_dq = false;
     } else {
       plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(

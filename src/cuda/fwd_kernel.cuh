@@ -1,9 +1,10 @@
 // Forward kernel for float16 / bfloat16 on mma.sync (sm_80+): FlashAttention-2 style.
 //
-//   block = 2 groups x 4 warps, each group one work item (b, n, h, 64-query tile): rows n and
-//   n + 1 of one (b, h, q-tile) (pair_over_n; they share one pair-bias tile, double-buffered,
-//   one barrier per key tile), or two q-tiles of one row, or — with few items (pair_over_k) —
-//   the two halves of one item's key tiles, merged at the end. See LaunchPlan.
+//   block = kGroups groups x 4 warps (fwd_groups_for), each group one work item (b, n, h,
+//   64-query tile): rows n, n + 1, ... of one (b, h, q-tile) (pair_over_n; they share one
+//   pair-bias tile, double-buffered, one barrier per key tile), or consecutive q-tiles of one
+//   row, or — with few items (pair_over_k) — equal parts of one item's key tiles, merged at the
+//   end. See LaunchPlan.
 //   for each key tile (64 keys, K/V double-buffered with cp.async):
 //     S  = Q K^T                      (per warp 16 x 64, fp32 accumulators)
 //     S2 = S * scale*log2(e) + (tile bias + key bias) * log2(e)     (log2 domain)
@@ -23,11 +24,11 @@
 
 namespace evoattn::cuda {
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kGroupCount>
 struct FwdTraits {
   static constexpr int kBlockM = 64;  // query rows per group: 16 per warp
   static constexpr int kBlockN = 64;  // keys per tile
-  static constexpr int kGroups = 2;
+  static constexpr int kGroups = kGroupCount;
   static constexpr int kGroupThreads = 128;
   static constexpr int kThreads = kGroups * kGroupThreads;
   // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
@@ -43,24 +44,27 @@ struct FwdTraits {
   static constexpr int kTileStride = kBlockN + 8;
   static constexpr int kQElems = kGroups * kBlockM * kRowStride;
   static constexpr int kKVElems = kGroups * 2 * kBlockN * kRowStride;  // two stages per group
-  static constexpr int kTileFloats = kGroups * kBlockM * kTileStride;
+  // A shared tile double-buffers in two slots, so one group has two too.
+  static constexpr int kTileFloats = (kGroups < 2 ? 2 : kGroups) * kBlockM * kTileStride;
   static constexpr int kKeyFloats = kGroups * 2 * kBlockN;  // two buffers per group
   static constexpr size_t kSmemBytes =
       (kQElems + 2 * kKVElems) * sizeof(Element) + (kTileFloats + kKeyFloats) * sizeof(float);
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "head dim buckets are multiples of 16");
   static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan counts kTile tiles");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
-  static_assert(kGroupThreads * (kHeadDim / 2 + 4) * sizeof(float) <= kKVElems * sizeof(Element),
-                "pair_over_k hands group 1's partial result over the K buffer");
+  static_assert(kSmemBytes == fwd_smem_bytes(kHeadDim, kGroups), "fwd_smem_bytes counts this layout");
+  static_assert((kGroups - 1) * kGroupThreads * (kHeadDim / 2 + 4) * sizeof(float) <=
+                    kKVElems * sizeof(Element),
+                "pair_over_k hands groups 1.. their partial results over the K buffer");
 };
 
 
 // kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out.
-template <typename Element, int kHeadDim, bool kFast>
-__global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
-                                  FwdTraits<Element, kHeadDim>::kMinBlocksPerSm)
+template <typename Element, int kHeadDim, int kGroups, bool kFast>
+__global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThreads,
+                                  FwdTraits<Element, kHeadDim, kGroups>::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan) {
-  using T = FwdTraits<Element, kHeadDim>;
+  using T = FwdTraits<Element, kHeadDim, kGroups>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
   constexpr int kTileStride = T::kTileStride;
   constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S
@@ -78,10 +82,11 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   const int group = warp / 4, warp_row = (warp % 4) * 16, group_tid = tid % T::kGroupThreads;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
 
-  // A group's work item (see LaunchPlan::pair_over_n). An idle group (odd N or odd q-tile
-  // count) recomputes its partner's item and stores nothing, so barriers stay uniform.
-  // Key tiles [kt_begin, kt_begin + k_iters) are the group's: all of them, or with
-  // pair_over_k one half each (group 1's last tile may lie past Lk: it contributes nothing).
+  // A group's work item (see LaunchPlan::pair_over_n). An idle group (N or the q-tile count
+  // not a multiple of kGroups) recomputes the last item and stores nothing, so barriers stay
+  // uniform. Key tiles [kt_begin, kt_begin + k_iters) are the group's: all of them, or with
+  // pair_over_k one part each (the last group's last tiles may lie past Lk: they contribute
+  // nothing).
   struct Item {
     int64_t b, n, h, i0;
     int kt_begin, k_iters;
@@ -95,46 +100,47 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
       blk /= plan.q_tiles;
       item.n = blk % p.N;
       blk /= p.N;
-      item.k_iters = (plan.k_tiles + 1) / 2;
+      item.k_iters = (plan.k_tiles + kGroups - 1) / kGroups;
       item.kt_begin = group * item.k_iters;
     } else if (plan.pair_over_n) {
       qt = blk % plan.q_tiles;
       blk /= plan.q_tiles;
-      const int64_t n_pairs = (p.N + 1) / 2;
-      item.n = (blk % n_pairs) * 2 + group;
-      blk /= n_pairs;
+      const int64_t n_sets = (p.N + kGroups - 1) / kGroups;
+      item.n = (blk % n_sets) * kGroups + group;
+      blk /= n_sets;
       item.active = item.n < p.N;
-      if (!item.active) item.n -= 1;
+      if (!item.active) item.n = kGroups == 2 ? item.n - 1 : p.N - 1;
     } else {
-      const int64_t q_pairs = (plan.q_tiles + 1) / 2;
-      qt = (blk % q_pairs) * 2 + group;
-      blk /= q_pairs;
+      const int64_t q_sets = (plan.q_tiles + kGroups - 1) / kGroups;
+      qt = (blk % q_sets) * kGroups + group;
+      blk /= q_sets;
       item.n = blk % p.N;
       blk /= p.N;
       item.active = qt < plan.q_tiles;
-      if (!item.active) qt -= 1;
+      if (!item.active) qt = kGroups == 2 ? qt - 1 : plan.q_tiles - 1;
     }
     item.h = blk % p.H;
     item.b = blk / p.H;
     item.i0 = qt * kBlockM;
     return item;
   };
-  // Both groups read one bias tile when it cannot differ between them (an idle group shares
-  // its partner's item, so also for odd N).
+  // The groups read one bias tile when it cannot differ between them (an idle group takes a
+  // real item's n, so also when kGroups does not divide N).
   const bool shared_tile = plan.pair_over_n && plan.tile_shared_over_n;
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
   Element* myV = sV + group * 2 * kBlockN * kRowStride;
-  float* myTile = sTile + (shared_tile ? 0 : group) * kBlockM * kTileStride;
+  // A shared tile uses group 1's tile slot as a second buffer, a single group its second slot
+  // (and every group has two key rows), so one barrier per key tile suffices; own tiles of
+  // several groups have one buffer and take two.
+  const bool double_buffer = shared_tile || kGroups == 1;
+  float* myTile = sTile + (double_buffer ? 0 : group) * kBlockM * kTileStride;
   float* myKey = sKey + group * 2 * kBlockN;
-  // A shared tile uses the other group's tile slot as a second buffer (and every group two key
-  // rows), so one barrier per key tile suffices; own tiles have one buffer and take two.
-  const bool double_buffer = shared_tile;
   const bool has_tile = plan.tile_slots != 0;
   const bool fast_tile = plan.tile_fast_slot >= 0;
-  // A shared tile is filled by all 256 threads, a group's own tile by its 128.
-  const BiasFill fill = bias_fill_slice(shared_tile, tid, group_tid);
+  // A shared tile is filled by the block's first 256 threads, a group's own tile by its 128.
+  const BiasFill fill = bias_fill_slice<T::kThreads>(shared_tile, tid, group_tid);
   const bool vec_q = kFast || plan.vec_q, vec_k = kFast || plan.vec_k, vec_v = kFast || plan.vec_v;
   // 16 lanes of each of the group's 4 warps own one key each: balanced across warps.
   const int key_slot = (warp % 4) * 16 + lane;
@@ -297,14 +303,16 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
       sums[r] += __shfl_xor_sync(0xffffffffu, sums[r], 2);
     }
     if (plan.pair_over_k) {
-      // Group 1 hands its (O, row max, row sum) over the K/V buffers to the lane of group 0 with
-      // the same fragment; group 0 merges the two halves. The barrier makes the K/V buffers free
-      // whatever the loop's last barrier was (no copies are in flight after the last tile: a
-      // pair_over_k grid has one item per block).
+      // Groups 1.. hand their (O, row max, row sum) over the K/V buffers to the lane of group 0
+      // with the same fragment; group 0 merges the parts in group order. The barrier makes the
+      // K/V buffers free whatever the loop's last barrier was (no copies are in flight after
+      // the last tile: a pair_over_k grid has one item per block).
       __syncthreads();
       constexpr int kXch = kDTiles * 4 + 4;
-      float* xch = reinterpret_cast<float*>(sK) + ((warp % 4) * 32 + lane) * kXch;
-      if (group == 1) {
+      float* const xch_base = reinterpret_cast<float*>(sK) + ((warp % 4) * 32 + lane) * kXch;
+      auto xch_of = [&](int g) { return xch_base + (g - 1) * T::kGroupThreads * kXch; };
+      if (group > 0) {
+        float* xch = xch_of(group);
         for (int d = 0; d < kDTiles; ++d)
           for (int e = 0; e < 4; ++e) xch[d * 4 + e] = acc_o[d][e];
         for (int r = 0; r < 2; ++r) {
@@ -313,16 +321,19 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
         }
       }
       __syncthreads();
-      if (group == 1) return;
-      for (int r = 0; r < 2; ++r) {
-        const float m1 = xch[kDTiles * 4 + r], m = fmaxf(row_max[r], m1);
-        const float m_ref = m == neg_inf() ? 0.0f : m;
-        const float a0 = exp2_approx(row_max[r] - m_ref), a1 = exp2_approx(m1 - m_ref);
-        sums[r] = sums[r] * a0 + xch[kDTiles * 4 + 2 + r] * a1;
-        row_max[r] = m;
-        for (int d = 0; d < kDTiles; ++d) {
-          acc_o[d][2 * r] = acc_o[d][2 * r] * a0 + xch[d * 4 + 2 * r] * a1;
-          acc_o[d][2 * r + 1] = acc_o[d][2 * r + 1] * a0 + xch[d * 4 + 2 * r + 1] * a1;
+      if (group > 0) return;
+      for (int part = 1; part < kGroups; ++part) {
+        const float* xch = xch_of(part);
+        for (int r = 0; r < 2; ++r) {
+          const float m1 = xch[kDTiles * 4 + r], m = fmaxf(row_max[r], m1);
+          const float m_ref = m == neg_inf() ? 0.0f : m;
+          const float a0 = exp2_approx(row_max[r] - m_ref), a1 = exp2_approx(m1 - m_ref);
+          sums[r] = sums[r] * a0 + xch[kDTiles * 4 + 2 + r] * a1;
+          row_max[r] = m;
+          for (int d = 0; d < kDTiles; ++d) {
+            acc_o[d][2 * r] = acc_o[d][2 * r] * a0 + xch[d * 4 + 2 * r] * a1;
+            acc_o[d][2 * r + 1] = acc_o[d][2 * r + 1] * a0 + xch[d * 4 + 2 * r + 1] * a1;
+          }
         }
       }
     }
@@ -356,26 +367,30 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim>::kThreads,
   }
 }
 
-// Forward blocks resident at once on this GPU (the persistent grid), 0 if unknown.
-inline int64_t fwd_resident_blocks(int blocks_per_sm) {
-  int device = 0, sms = 0;
+// Blocks of `kernel` resident at once on this GPU (the persistent grid), 0 if unknown.
+template <typename Kernel>
+int64_t fwd_resident_blocks(Kernel* kernel, int threads, size_t smem) {
+  int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
     return 0;
   }
-  return static_cast<int64_t>(sms) * blocks_per_sm;
+  return static_cast<int64_t>(sms) * per_sm;
 }
 
-// Launches fwd_kernel for one (Element, kHeadDim, kFast); defined per instantiation file.
-template <typename Element, int kHeadDim, bool kFast>
+// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast); defined per instantiation
+// file. plan.fwd_groups must be kGroups.
+template <typename Element, int kHeadDim, int kGroups, bool kFast>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  using T = FwdTraits<Element, kHeadDim>;
-  auto kernel = fwd_kernel<Element, kHeadDim, kFast>;
+  using T = FwdTraits<Element, kHeadDim, kGroups>;
+  if (plan.fwd_groups != kGroups) return cudaErrorInvalidValue;
+  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast>;
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   // With pair_over_k one item per block (its merge reuses the K/V buffers); otherwise at most
   // the blocks that fit at once, each walking several items.
   int64_t grid = plan.fwd_blocks;
-  const int64_t resident = T::kPersistent ? fwd_resident_blocks(T::kMinBlocksPerSm) : 0;
+  const int64_t resident = T::kPersistent ? fwd_resident_blocks(kernel, T::kThreads, T::kSmemBytes) : 0;
   if (T::kPersistent && !plan.pair_over_k && resident > 0 && resident < grid) grid = resident;
   kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
   return cudaGetLastError();

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(128)
   const int64_t n = blk % p.N, b = blk / p.N;
   const int64_t i0 = qt * kBlockM;
   const bool has_tile = plan.tile_slots != 0;
-  const BiasFill fill = bias_fill_slice(false, tid, tid);
+  const BiasFill fill = bias_fill_slice<T::kThreads>(false, tid, tid);
 
   load_f32_rows<kHeadDim, kRowStride>(sQ, row_ptr<float>(p.q, p.q_stride, b, n, h), i0, p.Lq, p.D, tid);
 

@@ -76,16 +76,21 @@ int64_t dq_pool_rows(const BwdParams& p) {
   return std::min({slots, p.B * p.N * p.H, kMaxDqSlots});
 }
 
+void set_fwd_groups(LaunchPlan& plan, const FwdParams& p, int groups) {
+  const int64_t items = p.B * p.N * p.H * plan.q_tiles;
+  plan.fwd_groups = groups;
+  plan.pair_over_k = groups > 1 && items < kFewForwardItems && plan.k_tiles > 1;
+  plan.pair_over_n = !plan.pair_over_k && groups > 1 && p.N > 1;
+  plan.fwd_blocks = plan.pair_over_k   ? items
+                    : plan.pair_over_n ? p.B * p.H * ((p.N + groups - 1) / groups) * plan.q_tiles
+                                       : p.B * p.H * p.N * ((plan.q_tiles + groups - 1) / groups);
+}
+
 LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   LaunchPlan plan{};
   plan.q_tiles = static_cast<int32_t>((p.Lq + block_m - 1) / block_m);
   plan.k_tiles = static_cast<int32_t>((p.Lk + block_n - 1) / block_n);
-  const int64_t items = p.B * p.N * p.H * plan.q_tiles;
-  plan.pair_over_k = items < kFewForwardItems && plan.k_tiles > 1;
-  plan.pair_over_n = !plan.pair_over_k && p.N > 1;
-  plan.fwd_blocks = plan.pair_over_k   ? items
-                    : plan.pair_over_n ? p.B * p.H * ((p.N + 1) / 2) * plan.q_tiles
-                                       : p.B * p.H * p.N * ((plan.q_tiles + 1) / 2);
+  set_fwd_groups(plan, p, 2);
   plan.vec_q = rows_vectorizable(p.q, p.q_stride, p.D, p.dtype);
   plan.vec_k = rows_vectorizable(p.k, p.k_stride, p.D, p.dtype);
   plan.vec_v = rows_vectorizable(p.v, p.v_stride, p.D, p.dtype);

@@ -27,12 +27,15 @@ struct LaunchPlan {
   // Whether the tile changes with b, h or the key tile (it always does with the query tile;
   // with n unless tile_shared_over_n).
   bool tile_varies_b, tile_varies_h, tile_varies_k;
-  // Forward blocks take two work items: rows n, n + 1 of one q-tile (pair_over_n, when N > 1,
-  // so they can share the pair-bias tile) or q-tiles 2i, 2i + 1 of one row. Q-tiles vary
-  // fastest across blocks, so blocks reading the same K and V run together and hit L2.
+  // A forward block is fwd_groups groups of 4 warps (fwd_groups_for: 2, or by head dim and the
+  // GPU's shared memory 1 or 3), each taking one work item: rows n, n + 1, ... of one q-tile
+  // (pair_over_n, when N > 1, so they can share the pair-bias tile) or consecutive q-tiles of
+  // one row. Q-tiles vary fastest across blocks, so blocks reading the same K and V run
+  // together and hit L2.
+  int32_t fwd_groups;
   bool pair_over_n;
-  // With few work items (fewer than kFewForwardItems) the two groups split the key tiles of one
-  // item instead and merge their partial softmax at the end: twice the parallelism.
+  // With few work items (fewer than kFewForwardItems) the groups split the key tiles of one
+  // item instead and merge their partial softmax at the end: more parallelism.
   bool pair_over_k;
   int64_t fwd_blocks;
   // Backward: the dK/dV kernel also computes dQ (one block per (b, n, h) walking its key tiles
@@ -92,6 +95,29 @@ constexpr int64_t kFewForwardItems = 512;
 constexpr int64_t kFewBackwardRows = 256;
 // The largest head dim whose dK/dV kernel also computes dQ.
 constexpr int kMaxFusedDqHeadDim = 64;
+
+// Shared memory of the 16-bit forward (FwdTraits) for a head-dim bucket and group count: per
+// group Q, two stages of K and V (rows of bucket + 8 elements), a float [64 x 72] bias tile
+// (two slots at least: a shared tile double-buffers in them) and two rows of key biases.
+constexpr size_t fwd_smem_bytes(int head_dim, int groups) {
+  const size_t seq = size_t{kTile} * (head_dim + 8) * 2;
+  const size_t tile = size_t{kTile} * (kTile + 8) * sizeof(float);
+  return groups * 5 * seq + (groups < 2 ? 2 : groups) * tile + groups * 2 * kTile * sizeof(float);
+}
+
+// Forward groups per block for a head-dim bucket on a GPU allowing `smem` bytes per block:
+// 2 up to head dim 32 (two blocks per SM); at 64, 3 (twelve warps on one SM; two groups left
+// the latency-bound loop eight) where it fits (H100: 195 of 227 KB), else 1 (A100, sm_86/89);
+// at 128, 2 where it fits (211 KB), else 1 (A100).
+constexpr int fwd_groups_for(int head_dim, size_t smem) {
+  if (head_dim <= 32) return 2;
+  if (head_dim == 64) return fwd_smem_bytes(64, 3) <= smem ? 3 : 1;
+  return fwd_smem_bytes(128, 2) <= smem ? 2 : 1;
+}
+
+// Sets the forward's work split (fwd_groups, pair_over_k, pair_over_n, fwd_blocks) for
+// `groups` groups per block; make_launch_plan sets it for 2.
+void set_fwd_groups(LaunchPlan& plan, const FwdParams& p, int groups);
 
 // Shared memory of the 16-bit dK/dV kernel for a head-dim bucket (BwdKeyTraits): K, V, two
 // stages of Q and dO, the float bias tile, key biases and row statistics; with `fused_dq` also

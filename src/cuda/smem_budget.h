@@ -9,9 +9,15 @@
 
 namespace evoattn::cuda {
 
+// The shared memory per block evoattn plans with on `device`: what the GPU allows (opt-in), or
+// less where the environment variable EVOATTN_MAX_SMEM_PER_BLOCK (bytes) says so, so that a
+// large GPU runs the kernel variants, and gives the errors, of a smaller one (the tests do).
+cudaError_t smem_per_block_limit(int device, size_t* bytes);
+
 // Allows `kernel` `bytes` of dynamic shared memory (cudaFuncSetAttribute). Returns
-// cudaErrorNotSupported, without touching the kernel, when the current device allows less;
-// take_smem_shortfall() then tells how much was needed and allowed.
+// cudaErrorNotSupported, without touching the kernel, when the current device's
+// smem_per_block_limit is less; take_smem_shortfall() then tells how much was needed and
+// allowed.
 cudaError_t reserve_smem(const void* kernel, size_t bytes);
 template <typename Kernel>
 cudaError_t reserve_smem(Kernel* kernel, size_t bytes) {

@@ -5,22 +5,30 @@ list(APPEND EVOATTN_SOURCES
   cuda/row_stats.cu
   cuda/simt_fp32.cu
   cuda/smem_budget.cu
-  cuda/instantiations/fwd_fp16_hdim16_fast.cu
-  cuda/instantiations/fwd_fp16_hdim16_generic.cu
-  cuda/instantiations/fwd_fp16_hdim32_fast.cu
-  cuda/instantiations/fwd_fp16_hdim32_generic.cu
-  cuda/instantiations/fwd_fp16_hdim64_fast.cu
-  cuda/instantiations/fwd_fp16_hdim64_generic.cu
-  cuda/instantiations/fwd_fp16_hdim128_fast.cu
-  cuda/instantiations/fwd_fp16_hdim128_generic.cu
-  cuda/instantiations/fwd_bf16_hdim16_fast.cu
-  cuda/instantiations/fwd_bf16_hdim16_generic.cu
-  cuda/instantiations/fwd_bf16_hdim32_fast.cu
-  cuda/instantiations/fwd_bf16_hdim32_generic.cu
-  cuda/instantiations/fwd_bf16_hdim64_fast.cu
-  cuda/instantiations/fwd_bf16_hdim64_generic.cu
-  cuda/instantiations/fwd_bf16_hdim128_fast.cu
-  cuda/instantiations/fwd_bf16_hdim128_generic.cu
+  cuda/instantiations/fwd_fp16_hdim16_g2_fast.cu
+  cuda/instantiations/fwd_fp16_hdim16_g2_generic.cu
+  cuda/instantiations/fwd_fp16_hdim32_g2_fast.cu
+  cuda/instantiations/fwd_fp16_hdim32_g2_generic.cu
+  cuda/instantiations/fwd_fp16_hdim64_g3_fast.cu
+  cuda/instantiations/fwd_fp16_hdim64_g3_generic.cu
+  cuda/instantiations/fwd_fp16_hdim64_g1_fast.cu
+  cuda/instantiations/fwd_fp16_hdim64_g1_generic.cu
+  cuda/instantiations/fwd_fp16_hdim128_g2_fast.cu
+  cuda/instantiations/fwd_fp16_hdim128_g2_generic.cu
+  cuda/instantiations/fwd_fp16_hdim128_g1_fast.cu
+  cuda/instantiations/fwd_fp16_hdim128_g1_generic.cu
+  cuda/instantiations/fwd_bf16_hdim16_g2_fast.cu
+  cuda/instantiations/fwd_bf16_hdim16_g2_generic.cu
+  cuda/instantiations/fwd_bf16_hdim32_g2_fast.cu
+  cuda/instantiations/fwd_bf16_hdim32_g2_generic.cu
+  cuda/instantiations/fwd_bf16_hdim64_g3_fast.cu
+  cuda/instantiations/fwd_bf16_hdim64_g3_generic.cu
+  cuda/instantiations/fwd_bf16_hdim64_g1_fast.cu
+  cuda/instantiations/fwd_bf16_hdim64_g1_generic.cu
+  cuda/instantiations/fwd_bf16_hdim128_g2_fast.cu
+  cuda/instantiations/fwd_bf16_hdim128_g2_generic.cu
+  cuda/instantiations/fwd_bf16_hdim128_g1_fast.cu
+  cuda/instantiations/fwd_bf16_hdim128_g1_generic.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim16_fast.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim16_generic.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim32_fast.cu

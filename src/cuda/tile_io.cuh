@@ -275,14 +275,19 @@ struct KeyBiasStream : KeyBiasPrefetch {
 
 // The [64 queries x 64 keys] float bias tile (natural units) is filled cooperatively: each
 // thread owns `units` rows (32 apart) of 16 consecutive keys. 256 threads fill a tile with one
-// unit each (a tile two groups share), 128 threads with two.
+// unit each (a tile several groups share: threads 256.. fill nothing), 128 threads with two.
 struct BiasFill {
   int row, col0, units;
 };
 
+template <int kBlockThreads>
 __device__ __forceinline__ BiasFill bias_fill_slice(bool shared_tile, int tid, int group_tid) {
   const int t = shared_tile ? tid : group_tid;
-  return BiasFill{t / 4, (t % 4) * 16, shared_tile ? 1 : 2};
+  if constexpr (kBlockThreads <= 256) {
+    return BiasFill{t / 4, (t % 4) * 16, shared_tile ? 1 : 2};
+  } else {
+    return BiasFill{(t % 256) / 4, (t % 4) * 16, shared_tile ? (t < 256 ? 1 : 0) : 2};
+  }
 }
 
 // 8 raw bias values (one 16-byte chunk of the input dtype) -> floats in natural units (the

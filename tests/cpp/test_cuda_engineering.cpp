@@ -1,8 +1,11 @@
 // CUDA-only properties: calls on the caller's stream capture into a CUDA graph and replay to the
 // same bytes (dQ in its own pass and in the dK/dV pass); 64-bit indexing with a tensor of more
-// than 2^31 elements; the backward workspace within SPEC's bound. Skipped without a GPU.
+// than 2^31 elements; the backward workspace within SPEC's bound; the kernel variants of GPUs
+// with less shared memory. Skipped without a GPU.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -288,6 +291,68 @@ TEST(LargeIndex, PairBiasBeyond2To31Elements) { GTEST_SKIP() << kNoCudaMessage; 
 TEST(Workspace, WithinSpecBoundOnSuiteShapes) { GTEST_SKIP() << kNoCudaMessage; }
 
 #endif
+
+// Sets EVOATTN_MAX_SMEM_PER_BLOCK for a scope (src/cuda/smem_budget.h): the library then plans
+// and checks shared memory as on a GPU allowing that much per block.
+class SmemCap {
+ public:
+  explicit SmemCap(size_t bytes) {
+    if (const char* old = std::getenv(kVar)) old_ = old, had_ = true;
+    setenv(kVar, std::to_string(bytes).c_str(), 1);
+  }
+  ~SmemCap() {
+    if (had_) {
+      setenv(kVar, old_.c_str(), 1);
+    } else {
+      unsetenv(kVar);
+    }
+  }
+
+ private:
+  static constexpr const char* kVar = "EVOATTN_MAX_SMEM_PER_BLOCK";
+  std::string old_;
+  bool had_ = false;
+};
+
+constexpr size_t kSm86Smem = 99 * 1024, kA100Smem = 163 * 1024;
+
+// The variants of GPUs with less shared memory per block than the H100, run on this one: the
+// forward with one group per block at head dim 64 under 99 KB (RTX 30/40, L40; with the
+// backward, whose dK/dV pass then keeps dQ out) and at 128 under 163 KB (A100), against the
+// reference; at 128 under 99 KB the error that names the shared memory.
+TEST(SmallGpuVariants, MatchReference) {
+  if (backend_missing(Backend::kCuda)) GTEST_SKIP() << kNoCudaMessage;
+  uint64_t seed = 900;
+  for (evoattn_dtype_t dt : {EVOATTN_BFLOAT16, EVOATTN_FLOAT16}) {
+    struct Run {
+      size_t cap;
+      Case c;
+    };
+    const Run runs[] = {
+        {kSm86Smem, shape(1, 130, 2, 70, 136, 64, dt).biases("bn11k", "b1hqk").grads(true, true)},
+        {kSm86Smem, shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk")},
+        {kA100Smem, shape(2, 2, 2, 17, 136, 128, dt).biases("bn11k", "b1hqk")},
+        {kA100Smem, shape(1, 40, 2, 70, 136, 128, dt).biases("bn11k", "b1hqk")},
+    };
+    for (const Run& r : runs) {
+      Case c = r.c;
+      c.backend = Backend::kCuda;
+      c.seed = seed++;
+      SCOPED_TRACE(c.name() + " under " + std::to_string(r.cap / 1024) + " KB");
+      SmemCap cap(r.cap);
+      expect_forward_and_backward_match(c);
+    }
+    Case big = shape(1, 2, 2, 17, 17, 128, dt);
+    big.backend = Backend::kCuda;
+    big.seed = seed++;
+    SmemCap cap(kSm86Smem);
+    const Inputs in = make_inputs(big);
+    const evoattn_options_t options = case_options(big);
+    const ForwardRun run = run_forward(big, in, &options);
+    EXPECT_EQ(run.status, EVOATTN_ERROR_UNSUPPORTED) << run.error;
+    EXPECT_NE(run.error.find("shared memory"), std::string::npos) << run.error;
+  }
+}
 
 }  // namespace
 }  // namespace evoattn::test

@@ -30,6 +30,10 @@ std::vector<Case> grid() {
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 1, 200, 130, 96, 16, dt).biases("", "bnhqk"));
+    // Head dim 64 takes three groups per block on the H100: few items (the groups split four
+    // key tiles, the last group's past Lk) and enough to pair over n (N % 3 != 0: an idle group).
+    cases.push_back(shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(1, 130, 2, 70, 136, 64, dt).biases("bn11k", "b1hqk"));
   }
   // A caller-given scale.
   Case scaled = shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk");

@@ -2,5 +2,5 @@
 #include "cuda/fwd_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t run_fwd<__half, 32, false>(const FwdParams&, const LaunchPlan&, cudaStream_t);
+template cudaError_t run_fwd<__half, 64, 3, true>(const FwdParams&, const LaunchPlan&, cudaStream_t);
 }  // namespace evoattn::cuda
