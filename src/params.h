@@ -36,7 +36,10 @@ struct BiasParams {
 // A bias gradient: the sum of dS over the dimensions the bias broadcasts on.
 // `stride` is 0 exactly on the reduced dimensions.
 struct BiasGradParams {
-  void* ptr;  // nullptr = not requested
+  // Requested: its descriptor was given. Test `requested`, not ptr: a workspace size query
+  // may pass descriptors without data, and must plan as the call with data will.
+  bool requested;
+  void* ptr;  // null unless requested (and in a size query possibly even then)
   DType dtype;
   ScoreStrides stride;
   bool reduce_b, reduce_n, reduce_h, reduce_q, reduce_k;

@@ -29,6 +29,7 @@ BiasGradParams bias_grad_params(const evoattn_tensor_t* grad, const evoattn_tens
                                 const Problem& p) {
   BiasGradParams g{};
   if (grad == nullptr) return g;
+  g.requested = true;
   g.ptr = grad->data;
   g.dtype = static_cast<DType>(grad->dtype);
   g.stride = score_strides(grad);

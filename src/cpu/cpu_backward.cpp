@@ -282,7 +282,7 @@ evoattn_status_t cpu_backward(const BwdParams& p) {
   dk_dv_pass(p, stats);
   dq_pass(p, stats);
   for (const BiasGradParams& g : p.dbias) {
-    if (g.ptr != nullptr) dbias_pass(p, stats, g);
+    if (g.requested) dbias_pass(p, stats, g);
   }
   return EVOATTN_SUCCESS;
 }

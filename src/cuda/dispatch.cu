@@ -135,7 +135,7 @@ size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 struct WorkspaceLayout {
   size_t dq_accum_offset;  // 0: none
   size_t dq_busy_offset;   // the running-dQ slots' busy flags
-  size_t partial_offset[kNumGradSlots];
+  size_t partial_offset[kNumGradSlots];  // 0: none (the gradient is not chunked)
   size_t total;
 };
 
@@ -154,9 +154,8 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
       w.dq_busy_offset = place(static_cast<size_t>(plan.dq_slots) * sizeof(int));
     }
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
-      if (p.dbias[slot].ptr != nullptr) {
-        w.partial_offset[slot] = place(cuda::rows_task_partial_bytes(p, plan, slot));
-      }
+      const size_t bytes = p.dbias[slot].requested ? cuda::rows_task_partial_bytes(p, plan, slot) : 0;
+      if (bytes != 0) w.partial_offset[slot] = place(bytes);
     }
   }
   w.total = end;
@@ -174,10 +173,12 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
   }
   if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream)) return e;
   for (int slot = plan.fuse_dq ? 0 : -1; slot < kNumGradSlots; ++slot) {
-    if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;
-    float* partials = slot < 0 ? nullptr
-                               : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
-                                                          layout.partial_offset[slot]);
+    if (slot >= 0 && !p.dbias[slot].requested) continue;
+    // No partials part (offset 0): the gradient is not chunked.
+    float* partials = slot < 0 || layout.partial_offset[slot] == 0
+                          ? nullptr
+                          : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
+                                                     layout.partial_offset[slot]);
     const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, partials);
     if (cudaError_t e = cuda::run_bwd_rows<Element, kHeadDim, kFast>(p, plan, task, stream)) return e;
   }
@@ -204,7 +205,7 @@ cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t e = cuda::run_row_stats<float>(p, false, stream)) return e;
   if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
-    if (slot >= 0 && p.dbias[slot].ptr == nullptr) continue;
+    if (slot >= 0 && !p.dbias[slot].requested) continue;
     const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, nullptr);
     if (cudaError_t e = cuda::run_simt_rows(p, plan, task, stream)) return e;
   }

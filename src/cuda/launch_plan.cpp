@@ -45,7 +45,7 @@ int64_t dq_row_floats(const BwdParams& p) { return (p.D + 7) / 8 * 8; }
 int64_t workspace_bound_floats(const BwdParams& p) {
   int64_t bound = p.B * p.N * p.H * p.Lq * p.D;
   for (const BiasGradParams& g : p.dbias) {
-    if (g.ptr != nullptr) bound += grad_floats(p, g);
+    if (g.requested) bound += grad_floats(p, g);
   }
   return bound;
 }
@@ -174,7 +174,7 @@ RowsTask base_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
 // counts (and the summation order) are the same on every GPU.
 int64_t chunk_budget(const BwdParams& p, const RowsTask& t) {
   int64_t requested = 0;  // both bias gradients share the allowance
-  for (const BiasGradParams& g : p.dbias) requested += g.ptr != nullptr;
+  for (const BiasGradParams& g : p.dbias) requested += g.requested;
   const int64_t allowance = workspace_bound_floats(p) - row_stats_floats(p) - running_dq_floats(p) -
                             requested * kAlignFloats;
   const int64_t per_chunk = t.blocks * kTile * kTile;

@@ -239,7 +239,8 @@ TEST(LargeIndex, PairBiasBeyond2To31Elements) {
 
 // SPEC: the backward's workspace is at most float32 buffers the size of dQ plus one per
 // requested bias gradient. Descriptors only (the size query reads no data): the suite's shapes
-// and a few edges, with the gradients the bench asks for and with both.
+// and a few edges, with the gradients the bench asks for and with both. The query with
+// descriptors whose data is NULL (JAX sizes the workspace at trace time so) gives the same size.
 TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
   if (backend_missing(Backend::kCuda)) GTEST_SKIP() << kNoCudaMessage;
   struct Shape {
@@ -254,6 +255,7 @@ TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
       {"apb768", 1, 1, 768, 16, 24, false, true},   {"tri256d64", 1, 256, 256, 8, 64, true, true},
       {"b4tri384", 4, 384, 384, 4, 32, true, true}, {"d128", 1, 64, 200, 4, 128, true, true},
       {"one_key_tile", 1, 300, 40, 4, 32, true, true}, {"odd_d", 2, 70, 130, 3, 20, true, true},
+      {"tiny", 1, 1, 4, 1, 8, true, true},
   };
   auto desc = [](const std::vector<int64_t>& sizes, evoattn_dtype_t dtype) {
     void* never_read = reinterpret_cast<void*>(uintptr_t{1} << 36);  // 256-byte aligned
@@ -279,6 +281,17 @@ TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
       EXPECT_LE(static_cast<double>(bytes), bound)
           << s.name << (mask_grad ? " with d_mask_bias" : "") << ": workspace " << bytes
           << " bytes, SPEC bound " << bound;
+      evoattn_tensor_t q0 = q, mb0 = mb, pb0 = pb;
+      q0.data = mb0.data = pb0.data = nullptr;
+      size_t bytes_without_data = 0;
+      ASSERT_EQ(evoattn_backward_workspace_size(&q0, &q0, &q0, s.mask ? &mb0 : nullptr,
+                                                s.pair ? &pb0 : nullptr, nullptr,
+                                                mask_grad ? &mb0 : nullptr, s.pair ? &pb0 : nullptr,
+                                                nullptr, &bytes_without_data),
+                EVOATTN_SUCCESS)
+          << s.name << ": " << evoattn_last_error();
+      EXPECT_EQ(bytes_without_data, bytes) << s.name << (mask_grad ? " with d_mask_bias" : "")
+                                           << ": size query without data";
     }
   }
 }
