@@ -84,7 +84,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
 
   // A group's work item (see LaunchPlan::pair_over_n). An idle group (N or the q-tile count
   // not a multiple of kGroups) recomputes the last item and stores nothing, so barriers stay
-  // uniform. Key tiles [kt_begin, kt_begin + k_iters) are the group's: all of them, or with
+  // uniform (two groups keep the older "item - 1" form: the general one cost the D <= 32
+  // kernels a spill in the loop). Key tiles [kt_begin, kt_begin + k_iters) are the group's: all of them, or with
   // pair_over_k one part each (the last group's last tiles may lie past Lk: they contribute
   // nothing).
   struct Item {
