@@ -12,6 +12,7 @@ namespace evoattn::cuda {
 // The shared memory per block evoattn plans with on `device`: what the GPU allows (opt-in), or
 // less where the environment variable EVOATTN_MAX_SMEM_PER_BLOCK (bytes) says so, so that a
 // large GPU runs the kernel variants, and gives the errors, of a smaller one (the tests do).
+// Read at every call: set it before making calls, not while they run.
 cudaError_t smem_per_block_limit(int device, size_t* bytes);
 
 // Allows `kernel` `bytes` of dynamic shared memory (cudaFuncSetAttribute). Returns
