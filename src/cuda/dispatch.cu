@@ -66,12 +66,12 @@ cudaError_t with_head_dim(int D, Launch&& launch) {
 // The forward instantiation for plan.fwd_groups: the group counts fwd_groups_for picks.
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_fwd_groups(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  constexpr int kLarge = kHeadDim <= 32 ? 2 : kHeadDim == 64 ? 3 : 2;
+  constexpr int kMost = cuda::fwd_max_groups(kHeadDim);
   if constexpr (kHeadDim <= 32) {
-    return cuda::run_fwd<Element, kHeadDim, kLarge, kFast>(p, plan, stream);
+    return cuda::run_fwd<Element, kHeadDim, kMost, kFast>(p, plan, stream);
   } else {
-    return plan.fwd_groups == kLarge ? cuda::run_fwd<Element, kHeadDim, kLarge, kFast>(p, plan, stream)
-                                     : cuda::run_fwd<Element, kHeadDim, 1, kFast>(p, plan, stream);
+    return plan.fwd_groups == kMost ? cuda::run_fwd<Element, kHeadDim, kMost, kFast>(p, plan, stream)
+                                    : cuda::run_fwd<Element, kHeadDim, 1, kFast>(p, plan, stream);
   }
 }
 

@@ -105,14 +105,17 @@ constexpr size_t fwd_smem_bytes(int head_dim, int groups) {
   return groups * 5 * seq + (groups < 2 ? 2 : groups) * tile + groups * 2 * kTile * sizeof(float);
 }
 
+// The forward's largest group count for a head-dim bucket: 2 (two blocks per SM up to head
+// dim 32), 3 at 64 (twelve warps on one SM; two groups left the latency-bound loop eight), 2 at
+// 128. Above 32 the only other variant is one group.
+constexpr int fwd_max_groups(int head_dim) { return head_dim == 64 ? 3 : 2; }
+
 // Forward groups per block for a head-dim bucket on a GPU allowing `smem` bytes per block:
-// 2 up to head dim 32 (two blocks per SM); at 64, 3 (twelve warps on one SM; two groups left
-// the latency-bound loop eight) where it fits (H100: 195 of 227 KB), else 1 (A100, sm_86/89);
-// at 128, 2 where it fits (211 KB), else 1 (A100).
+// fwd_max_groups where it fits (at 64 the H100: 195 of 227 KB; at 128: 211 KB), else 1 (at 64
+// the A100 and sm_86/89, at 128 the A100). Head dims up to 32 always fit (87 KB).
 constexpr int fwd_groups_for(int head_dim, size_t smem) {
-  if (head_dim <= 32) return 2;
-  if (head_dim == 64) return fwd_smem_bytes(64, 3) <= smem ? 3 : 1;
-  return fwd_smem_bytes(128, 2) <= smem ? 2 : 1;
+  const int most = fwd_max_groups(head_dim);
+  return head_dim <= 32 || fwd_smem_bytes(head_dim, most) <= smem ? most : 1;
 }
 
 // Sets the forward's work split (fwd_groups, pair_over_k, pair_over_n, fwd_blocks) for
