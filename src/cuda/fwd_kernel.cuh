@@ -8,7 +8,8 @@
 //   for each key tile (64 keys, K/V double-buffered with cp.async):
 //     S  = Q K^T                      (per warp 16 x 64, fp32 accumulators)
 //     S2 = S * scale*log2(e) + (tile bias + key bias) * log2(e)     (log2 domain)
-//     m' = max(m, rowmax S2); P = 2^(S2 - m'); l = l 2^(m - m') + rowsum P; O = O 2^(m - m') + P V
+//     m: a row's reference max, moved only when the tile's max passes it by more than
+//        kRescaleSlack (online_softmax_lazy); P = 2^(S2 - m); O += P V, l += rowsum P
 //   O /= l; LSE = (m + log2 l) ln 2      (l = 0: fully masked row -> O = 0, LSE = -inf)
 #pragma once
 
@@ -95,33 +96,39 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   };
   auto decode = [&](int64_t blk) {
     Item item{0, 0, 0, 0, 0, plan.k_tiles, true};
-    int64_t qt;
+    // blk = x0 + d0 (x1 + d1 (h + H b)) (LaunchPlan::fwd_div): by multiplies below 2^31 blocks.
+    int64_t x0, x1;
+    if (plan.fwd_blocks <= INT32_MAX) {
+      const uint32_t u = static_cast<uint32_t>(blk), q0 = fast_div(u, plan.fwd_div[0]);
+      const uint32_t q1 = fast_div(q0, plan.fwd_div[1]), q2 = fast_div(q1, plan.fwd_div[2]);
+      x0 = u - q0 * plan.fwd_div[0].divisor;
+      x1 = q0 - q1 * plan.fwd_div[1].divisor;
+      item.h = q1 - q2 * plan.fwd_div[2].divisor;
+      item.b = q2;
+    } else {
+      const int64_t d1 = plan.pair_over_n ? (p.N + kGroups - 1) / kGroups : p.N;
+      x0 = blk % plan.fwd_div[0].divisor;  // q-tile counts fit 32 bits
+      blk /= plan.fwd_div[0].divisor;
+      x1 = blk % d1;
+      blk /= d1;
+      item.h = blk % p.H;
+      item.b = blk / p.H;
+    }
+    int64_t qt = x0;
     if (plan.pair_over_k) {
-      qt = blk % plan.q_tiles;
-      blk /= plan.q_tiles;
-      item.n = blk % p.N;
-      blk /= p.N;
+      item.n = x1;
       item.k_iters = (plan.k_tiles + kGroups - 1) / kGroups;
       item.kt_begin = group * item.k_iters;
     } else if (plan.pair_over_n) {
-      qt = blk % plan.q_tiles;
-      blk /= plan.q_tiles;
-      const int64_t n_sets = (p.N + kGroups - 1) / kGroups;
-      item.n = (blk % n_sets) * kGroups + group;
-      blk /= n_sets;
+      item.n = x1 * kGroups + group;
       item.active = item.n < p.N;
       if (!item.active) item.n = kGroups == 2 ? item.n - 1 : p.N - 1;
     } else {
-      const int64_t q_sets = (plan.q_tiles + kGroups - 1) / kGroups;
-      qt = (blk % q_sets) * kGroups + group;
-      blk /= q_sets;
-      item.n = blk % p.N;
-      blk /= p.N;
+      qt = x0 * kGroups + group;
+      item.n = x1;
       item.active = qt < plan.q_tiles;
       if (!item.active) qt = kGroups == 2 ? qt - 1 : plan.q_tiles - 1;
     }
-    item.h = blk % p.H;
-    item.b = blk / p.H;
     item.i0 = qt * kBlockM;
     return item;
   };
@@ -265,8 +272,11 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
         tile_max[r] = fmaxf(fmaxf(part_max[r][0], part_max[r][1]), fmaxf(part_max[r][2], part_max[r][3]));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        m_use[r] = online_softmax_rescale(tile_max[r], row_max[r], row_sum[r], acc_o, r);
       }
+      online_softmax_lazy(tile_max, row_max, row_sum, acc_o, m_use);
+      // Row sums in float32 from the unrounded P: the LSE the backward recomputes P from must
+      // be float32-accurate (summing the 16-bit P, on the tensor cores, cost 2^-9 relative:
+      // bias gradients that cancel over rows failed the bf16 bound).
       float part_sum[2][4] = {};
       for (int nt = 0; nt < kNTiles; ++nt) {
         for (int e = 0; e < 4; ++e) {

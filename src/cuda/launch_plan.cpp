@@ -81,9 +81,15 @@ void set_fwd_groups(LaunchPlan& plan, const FwdParams& p, int groups) {
   plan.fwd_groups = groups;
   plan.pair_over_k = groups > 1 && items < kFewForwardItems && plan.k_tiles > 1;
   plan.pair_over_n = !plan.pair_over_k && groups > 1 && p.N > 1;
-  plan.fwd_blocks = plan.pair_over_k   ? items
-                    : plan.pair_over_n ? p.B * p.H * ((p.N + groups - 1) / groups) * plan.q_tiles
-                                       : p.B * p.H * p.N * ((plan.q_tiles + groups - 1) / groups);
+  const int64_t d0 = plan.pair_over_k || plan.pair_over_n ? plan.q_tiles
+                                                          : (plan.q_tiles + groups - 1) / groups;
+  const int64_t d1 = plan.pair_over_n ? (p.N + groups - 1) / groups : p.N;
+  plan.fwd_blocks = p.B * p.H * d0 * d1;
+  // The kernels use these below 2^31 blocks, where every divisor fits (clamped otherwise).
+  const int64_t divisors[3] = {d0, d1, p.H};
+  for (int i = 0; i < 3; ++i) {
+    plan.fwd_div[i] = make_fast_div(static_cast<uint32_t>(std::clamp<int64_t>(divisors[i], 1, INT32_MAX)));
+  }
 }
 
 LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {

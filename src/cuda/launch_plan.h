@@ -9,6 +9,36 @@
 
 namespace evoattn::cuda {
 
+#if defined(__CUDACC__)
+#define EVOATTN_HOST_DEVICE __host__ __device__
+#else
+#define EVOATTN_HOST_DEVICE
+#endif
+
+// Division of n < 2^31 by a divisor fixed per call, as a multiply-high, an add and a shift
+// (Granlund and Montgomery's round-up method): the forward decodes its work items with three
+// of them instead of three ~20-instruction integer divisions.
+struct FastDiv {
+  uint32_t divisor, mul, shift;
+};
+
+inline FastDiv make_fast_div(uint32_t divisor) {
+  uint32_t shift = 0;
+  while ((uint64_t{1} << shift) < divisor) ++shift;
+  const uint64_t mul = (uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor) / divisor + 1;
+  return FastDiv{divisor, static_cast<uint32_t>(mul), shift};
+}
+
+// n / d.divisor for n < 2^31 (then the multiply-high is below n and the sum fits 32 bits).
+EVOATTN_HOST_DEVICE inline uint32_t fast_div(uint32_t n, const FastDiv& d) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t hi = __umulhi(n, d.mul);
+#else
+  const uint32_t hi = static_cast<uint32_t>((uint64_t{n} * d.mul) >> 32);
+#endif
+  return (hi + n) >> d.shift;
+}
+
 struct LaunchPlan {
   int32_t q_tiles, k_tiles;
   bool vec_q, vec_k, vec_v, vec_do, vec_o;   // 16-byte loads of rows
@@ -38,6 +68,10 @@ struct LaunchPlan {
   // item instead and merge their partial softmax at the end: more parallelism.
   bool pair_over_k;
   int64_t fwd_blocks;
+  // A forward block index splits as x0 + d0 (x1 + d1 (h + H b)): (d0, d1) = (q-tiles, N) with
+  // pair_over_k, (q-tiles, N / groups rounded up) with pair_over_n, else (q-tiles / groups
+  // rounded up, N); d2 = H.
+  FastDiv fwd_div[3];
   // Backward: the dK/dV kernel also computes dQ (one block per (b, n, h) walking its key tiles
   // in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives between key
   // tiles in `dq_accum`: a pool of dq_slots float32 [Lq, dq_width] slots (workspace; null with

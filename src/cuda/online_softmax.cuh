@@ -26,6 +26,37 @@ __device__ __forceinline__ float online_softmax_rescale(float tile_max, float& r
   return m_use;
 }
 
+// How far (log2 units) a tile's max may pass a row's reference max before the reference moves:
+// P = 2^(S2 - m) stays below 2^kRescaleSlack, in range for 16-bit P and the float sums.
+constexpr float kRescaleSlack = 8.0f;
+
+// The lazy online softmax of the forward (FlashAttention-4's rescale skipping): rows r = 0, 1
+// take a key tile whose max (reduced over the quad) is tile_max[r]. A row whose tile max passes
+// its reference max by more than kRescaleSlack moves the reference there, rescaling its O and
+// row sum; the warp skips the rescale when no row moves (most key tiles after the first).
+// m_use: the max to exponentiate the tile against, 0 while every key so far is masked.
+template <int kDTiles>
+__device__ __forceinline__ void online_softmax_lazy(const float (&tile_max)[2], float (&row_max)[2],
+                                                    float (&row_sum)[2], float (&acc_o)[kDTiles][4],
+                                                    float (&m_use)[2]) {
+  const bool move[2] = {tile_max[0] > row_max[0] + kRescaleSlack,
+                        tile_max[1] > row_max[1] + kRescaleSlack};
+  if (__any_sync(0xffffffffu, move[0] || move[1])) {
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = move[r] ? tile_max[r] : row_max[r];
+      const float m_ref = m_new == neg_inf() ? 0.0f : m_new;
+      const float alpha = exp2_approx(row_max[r] - m_ref);  // 1 if the row stays, 0 from -inf
+      row_max[r] = m_new;
+      row_sum[r] *= alpha;
+      for (int d = 0; d < kDTiles; ++d) {
+        acc_o[d][2 * r] *= alpha;
+        acc_o[d][2 * r + 1] *= alpha;
+      }
+    }
+  }
+  for (int r = 0; r < 2; ++r) m_use[r] = row_max[r] == neg_inf() ? 0.0f : row_max[r];
+}
+
 // A row's LSE in natural units from its running max and full row sum; -inf for a fully masked
 // row (sum 0).
 __device__ __forceinline__ float row_lse(float row_max, float sum) {

@@ -436,6 +436,21 @@ __device__ __forceinline__ void store_acc_rows(const float (&acc)[kDTiles][4], E
                                                int64_t num_rows, int D, bool pairs, int lane,
                                                const float (&mul)[2]) {
   const int g = lane / 4, t = lane % 4;
+  if constexpr (sizeof(Element) == 2) {
+    // Whole rows of pairs (D fills the bucket): no per-column test or branch.
+    if (pairs && D == 8 * kDTiles) {
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = row0 + g + 8 * r;
+        if (row >= num_rows) continue;
+        Element* dst = base + row * row_stride + 2 * t;
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          *reinterpret_cast<uint32_t*>(dst + dt * 8) =
+              pack2<Element>(acc[dt][2 * r] * mul[r], acc[dt][2 * r + 1] * mul[r]);
+        }
+      }
+      return;
+    }
+  }
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + g + 8 * r;
     if (row >= num_rows) continue;

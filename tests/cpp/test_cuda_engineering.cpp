@@ -3,6 +3,7 @@
 // than 2^31 elements; the backward workspace within SPEC's bound; the kernel variants of GPUs
 // with less shared memory. Skipped without a GPU.
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "attention_case.h"
+#include "cuda/launch_plan.h"
 #include "evoattn/evoattn.h"
 #include "reference/reference.h"
 #include "tensor_util.h"
@@ -364,6 +366,41 @@ TEST(SmallGpuVariants, MatchReference) {
     const ForwardRun run = run_forward(big, in, &options);
     EXPECT_EQ(run.status, EVOATTN_ERROR_UNSUPPORTED) << run.error;
     EXPECT_NE(run.error.find("shared memory"), std::string::npos) << run.error;
+  }
+}
+
+// The forward's work-item decode divides by multiplies (cuda::fast_div, the same function the
+// kernels call): exact for every numerator below 2^31, here every divisor to 300 and the edges
+// of the range, against integer division. Host-only: runs without a GPU.
+TEST(FastDiv, MatchesIntegerDivisionBelow2To31) {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 300; ++d) divisors.push_back(d);
+  for (uint32_t d : {1000u, 4095u, 4096u, 4097u, 65535u, 65536u, 1000003u, (1u << 30) - 1, 1u << 30,
+                     (1u << 30) + 1, (1u << 31) - 1}) {
+    divisors.push_back(d);
+  }
+  uint64_t state = 12345;
+  auto next = [&] {  // splitmix64
+    state += 0x9e3779b97f4a7c15ull;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<uint32_t>((z ^ (z >> 31)) & 0x7fffffffu);
+  };
+  for (uint32_t d : divisors) {
+    const cuda::FastDiv fd = cuda::make_fast_div(d);
+    std::vector<uint32_t> ns{0u, 1u, d - 1, d, d + 1, 2 * d - 1, (1u << 31) - 1, (1u << 31) - 2};
+    for (uint32_t m : {1u, 7u, 1000u}) {
+      if (static_cast<uint64_t>(d) * m + d < (1u << 31)) {
+        ns.push_back(d * m + d - 1);
+        ns.push_back(d * m + d);
+      }
+    }
+    for (int i = 0; i < 2000; ++i) ns.push_back(next());
+    for (uint32_t n : ns) {
+      if (n >= (1u << 31)) continue;
+      ASSERT_EQ(cuda::fast_div(n, fd), n / d) << "n = " << n << ", d = " << d;
+    }
   }
 }
 
