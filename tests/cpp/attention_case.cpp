@@ -168,8 +168,9 @@ std::string Case::name() const {
   if (masked_rows == MaskedRows::kMinus1e9) s << "_rows1e9";
   if (layout != Layout::kContiguous) s << "_in_" << layout_name(layout);
   if (out_layout != Layout::kContiguous) s << "_out_" << layout_name(out_layout);
-  if (scale != 0.0) s << "_scaled";
+  if (scale != 0.0) s << "_scaled" << (scale < 0 ? "neg" : "") << static_cast<int64_t>(std::fabs(scale) * 100);
   if (nan_inputs) s << "_nan";
+  if (key_ramp != 0.0) s << "_ramp" << static_cast<int>(key_ramp * 100);
   if (tf32) s << "_tf32";
   s << "_s" << seed;
   return s.str();
@@ -235,6 +236,12 @@ Inputs make_inputs(const Case& c) {
   if (!c.mask_bias.empty()) {
     in.mask_bias = make_bias(c.mask_bias, full, bias_dtype, c.layout);
     util::fill_uniform(in.mask_bias.view, rng, -2.0, 2.0);
+    if (c.key_ramp != 0.0) {
+      std::vector<double> values = util::to_doubles(in.mask_bias.view);  // logical order: k last
+      const int64_t keys = in.mask_bias.view.sizes[4];
+      for (size_t i = 0; i < values.size(); ++i) values[i] += c.key_ramp * static_cast<double>(i % keys);
+      util::from_doubles(in.mask_bias.view, values);
+    }
   }
   if (!c.pair_bias.empty()) {
     in.pair_bias = make_bias(c.pair_bias, full, bias_dtype, c.layout);

@@ -35,10 +35,28 @@ std::vector<Case> grid() {
     cases.push_back(shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 130, 2, 70, 136, 64, dt).biases("bn11k", "b1hqk"));
   }
-  // A caller-given scale.
+  // Scores rising along the keys: 0.2 per key moves the running max by ~18 (log2 units) a key
+  // tile, past the CUDA forward's lazy-rescale slack every tile; 0.05 per key (~4.6 a tile)
+  // stays within it for a tile and passes it every other one.
+  for (double ramp : {0.2, 0.05}) {
+    for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_BFLOAT16}) {
+      for (int64_t D : {32, 64}) {
+        Case rising = shape(2, 3, 2, 70, 300, D, dt).biases("bn11k", "b1hqk");
+        rising.key_ramp = ramp;
+        cases.push_back(rising);
+      }
+    }
+  }
+  // A caller-given scale: in float32, and in bf16 on the CUDA fast path (Lk % 8 == 0) with a
+  // positive, a negative and a large one.
   Case scaled = shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk");
   scaled.scale = 0.37;
   cases.push_back(scaled);
+  for (double scale : {0.37, -0.5, 1e5}) {
+    Case scaled16 = shape(2, 2, 2, 17, 72, 32, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk");
+    scaled16.scale = scale;
+    cases.push_back(scaled16);
+  }
   return cases;
 }
 
