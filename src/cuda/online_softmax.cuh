@@ -39,9 +39,12 @@ template <int kDTiles>
 __device__ __forceinline__ void online_softmax_lazy(const float (&tile_max)[2], float (&row_max)[2],
                                                     float (&row_sum)[2], float (&acc_o)[kDTiles][4],
                                                     float (&m_use)[2]) {
-  const bool move[2] = {tile_max[0] > row_max[0] + kRescaleSlack,
-                        tile_max[1] > row_max[1] + kRescaleSlack};
-  if (__any_sync(0xffffffffu, move[0] || move[1])) {
+  // The difference, not row_max + slack: near |row_max| = 2^27 that sum rounds (to +16, a tie)
+  // and a tile 16 above would stay, with P = 2^16: inf in float16. Values this close subtract
+  // exactly; -inf - -inf is NaN, which compares false (a masked row stays).
+  const float rise[2] = {tile_max[0] - row_max[0], tile_max[1] - row_max[1]};
+  if (__any_sync(0xffffffffu, fmaxf(rise[0], rise[1]) > kRescaleSlack)) {
+    const bool move[2] = {rise[0] > kRescaleSlack, rise[1] > kRescaleSlack};
     for (int r = 0; r < 2; ++r) {
       const float m_new = move[r] ? tile_max[r] : row_max[r];
       const float m_ref = m_new == neg_inf() ? 0.0f : m_new;

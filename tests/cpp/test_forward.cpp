@@ -37,14 +37,20 @@ std::vector<Case> grid() {
   }
   // Scores rising along the keys: 0.2 per key moves the running max by ~18 (log2 units) a key
   // tile, past the CUDA forward's lazy-rescale slack every tile; 0.05 per key (~4.6 a tile)
-  // stays within it for a tile and passes it every other one.
+  // stays within it for a tile and passes it every other one. Few items (the groups split the
+  // keys), and (B N H q-tiles = 512, Lk % 8 == 0) enough to pair them over n on the fast path.
   for (double ramp : {0.2, 0.05}) {
-    for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_BFLOAT16}) {
+    for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
       for (int64_t D : {32, 64}) {
         Case rising = shape(2, 3, 2, 70, 300, D, dt).biases("bn11k", "b1hqk");
         rising.key_ramp = ramp;
         cases.push_back(rising);
       }
+    }
+    for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+      Case paired = shape(1, 64, 4, 70, 136, 32, dt).biases("bn11k", "b1hqk");
+      paired.key_ramp = ramp;
+      cases.push_back(paired);
     }
   }
   // A caller-given scale: in float32, and in bf16 on the CUDA fast path (Lk % 8 == 0) with a
