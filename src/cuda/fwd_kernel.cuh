@@ -99,12 +99,13 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
     // blk = x0 + d0 (x1 + d1 (h + H b)) (LaunchPlan::fwd_div): by multiplies below 2^31 blocks.
     int64_t x0, x1;
     if (plan.fwd_blocks <= INT32_MAX) {
-      const uint32_t u = static_cast<uint32_t>(blk), q0 = fast_div(u, plan.fwd_div[0]);
-      const uint32_t q1 = fast_div(q0, plan.fwd_div[1]), q2 = fast_div(q1, plan.fwd_div[2]);
-      x0 = u - q0 * plan.fwd_div[0].divisor;
-      x1 = q0 - q1 * plan.fwd_div[1].divisor;
-      item.h = q1 - q2 * plan.fwd_div[2].divisor;
-      item.b = q2;
+      uint32_t r0, r1, r2;
+      const uint32_t q0 = fast_divmod(static_cast<uint32_t>(blk), plan.fwd_div[0], r0);
+      const uint32_t q1 = fast_divmod(q0, plan.fwd_div[1], r1);
+      item.b = fast_divmod(q1, plan.fwd_div[2], r2);
+      x0 = r0;
+      x1 = r1;
+      item.h = r2;
     } else {
       const int64_t d1 = plan.pair_over_n ? (p.N + kGroups - 1) / kGroups : p.N;
       x0 = blk % plan.fwd_div[0].divisor;  // q-tile counts fit 32 bits

@@ -39,6 +39,13 @@ EVOATTN_HOST_DEVICE inline uint32_t fast_div(uint32_t n, const FastDiv& d) {
   return (hi + n) >> d.shift;
 }
 
+// n / d.divisor, and the remainder into `rem` (n < 2^31).
+EVOATTN_HOST_DEVICE inline uint32_t fast_divmod(uint32_t n, const FastDiv& d, uint32_t& rem) {
+  const uint32_t q = fast_div(n, d);
+  rem = n - q * d.divisor;
+  return q;
+}
+
 struct LaunchPlan {
   int32_t q_tiles, k_tiles;
   bool vec_q, vec_k, vec_v, vec_do, vec_o;   // 16-byte loads of rows

@@ -61,12 +61,13 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
   const int64_t walk = live ? thread >> split.lanes_log2 : rows - 1;  // rows' lanes stay whole
   int64_t inner, mid, n, b;
   if (split.small) {
-    const uint32_t u = static_cast<uint32_t>(walk), q1 = fast_div(u, split.d_inner);
-    const uint32_t bn = fast_div(q1, split.d_mid), q3 = fast_div(bn, split.d_n);
-    inner = u - q1 * split.d_inner.divisor;
-    mid = q1 - bn * split.d_mid.divisor;
-    n = bn - q3 * split.d_n.divisor;
-    b = q3;
+    uint32_t r_inner, r_mid, r_n;
+    const uint32_t q1 = fast_divmod(static_cast<uint32_t>(walk), split.d_inner, r_inner);
+    const uint32_t bn = fast_divmod(q1, split.d_mid, r_mid);
+    b = fast_divmod(bn, split.d_n, r_n);
+    inner = r_inner;
+    mid = r_mid;
+    n = r_n;
   } else {
     const int64_t d_inner = split.heads_inner ? p.H : p.Lq, d_mid = split.heads_inner ? p.Lq : p.H;
     inner = walk % d_inner;

@@ -369,8 +369,8 @@ TEST(SmallGpuVariants, MatchReference) {
   }
 }
 
-// The forward's work-item decode divides by multiplies (cuda::fast_div, the same function the
-// kernels call): exact for every numerator below 2^31, here every divisor to 300 and the edges
+// The forward's work-item decode and the row statistics divide by multiplies (cuda::fast_div and
+// fast_divmod, the same functions the kernels call): exact for every numerator below 2^31, here every divisor to 300 and the edges
 // of the range, against integer division. Host-only: runs without a GPU.
 TEST(FastDiv, MatchesIntegerDivisionBelow2To31) {
   std::vector<uint32_t> divisors;
@@ -400,6 +400,9 @@ TEST(FastDiv, MatchesIntegerDivisionBelow2To31) {
     for (uint32_t n : ns) {
       if (n >= (1u << 31)) continue;
       ASSERT_EQ(cuda::fast_div(n, fd), n / d) << "n = " << n << ", d = " << d;
+      uint32_t rem = 0;
+      ASSERT_EQ(cuda::fast_divmod(n, fd, rem), n / d) << "n = " << n << ", d = " << d;
+      ASSERT_EQ(rem, n % d) << "n = " << n << ", d = " << d;
     }
   }
 }
