@@ -370,8 +370,9 @@ TEST(SmallGpuVariants, MatchReference) {
 }
 
 // The forward's work-item decode and the row statistics divide by multiplies (cuda::fast_div and
-// fast_divmod, the same functions the kernels call): exact for every numerator below 2^31, here every divisor to 300 and the edges
-// of the range, against integer division. Host-only: runs without a GPU.
+// fast_divmod, the same functions the kernels call): exact for every numerator below 2^31,
+// here every divisor to 300 and the edges of the range, against integer division. Host-only:
+// runs without a GPU.
 TEST(FastDiv, MatchesIntegerDivisionBelow2To31) {
   std::vector<uint32_t> divisors;
   for (uint32_t d = 1; d <= 300; ++d) divisors.push_back(d);
