@@ -3,7 +3,9 @@
 //   dQ    : block = (b, n, h, 64 queries), iterating over key tiles:       dQ += dS K
 //   dbias : block = the indices the bias keeps, iterating over the ones it broadcasts on
 //           (the pair bias: block (b, h, q-tile, k-tile), iterating over n): acc += dS,
-//           then rows / columns of acc summed where the bias is 1 wide.
+//           then rows / columns of acc summed where the bias is 1 wide. Over n alone (the
+//           pair bias, RowsJob::kBiasOverN) the copies step pointers by the n stride, the bias
+//           tile is converted once, and Q / dO fragments are read per k-step (registers).
 //   per (q-tile, k-tile): S = Q K^T, dP = dO V^T (per warp 16 queries x 64 keys)
 //                         P = 2^(S scale log2 e + bias log2 e - row_max - row_log_sum),
 //                         dS = P (dP - Delta)                  (row statistics: row_stats_kernel)
@@ -30,8 +32,11 @@ struct BwdRowTraits {
   static constexpr int kRowStride = kHeadDim + 8;
   static constexpr int kTileStride = kBlockN + 8;  // row-major reads as in the forward
   static constexpr int kSeqElems = kBlockM * kRowStride;
-  static constexpr size_t kSmemBytes = 8 * kSeqElems * sizeof(Element) +
-                                       (kBlockM * kTileStride + kBlockN + 4 * kBlockN) * sizeof(float);
+  // Row statistics of a query tile, two stages: [stage][delta | row_max | row_log_sum][kBlockM].
+  static constexpr int kStatsFloats = 2 * 3 * kBlockM;
+  static constexpr size_t kSmemBytes =
+      8 * kSeqElems * sizeof(Element) +
+      (kBlockM * kTileStride + kBlockN + 4 * kBlockN + kStatsFloats) * sizeof(float);
   // Three blocks per SM for head dim <= 32 (registers capped at 168).
   static constexpr int kMinBlocksPerSm = rows_blocks_per_sm(kHeadDim);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
@@ -75,13 +80,29 @@ __device__ __forceinline__ TileCoord rows_next(const RowsTask& task, const BwdPa
   return c;
 }
 
-// kDq: the dQ job (task.grad_slot < 0); otherwise the bias-gradient job. kFast: the plan
-// satisfies bwd_fast_path(), and the generic paths are compiled out.
-template <typename Element, int kHeadDim, bool kDq, bool kFast>
+// What one launch of bwd_rows_kernel computes.
+enum class RowsJob {
+  kDq,          // task.grad_slot < 0
+  kBias,        // a bias gradient, any loop
+  kBiasOverN,   // a bias gradient looping over n only (the pair bias), kFast: the Q, dO, K and V
+                // copies step a pointer by the n stride instead of recomputing their addresses
+};
+
+// Whether a fast-path bias-gradient task loops over n alone, under a bias tile that does not
+// change with n (the pair bias's gradient, over its n loop).
+inline bool rows_task_over_n(const RowsTask& t, const LaunchPlan& plan) {
+  return t.grad_slot >= 0 && t.loop_n && !t.loop_b && !t.loop_h && !t.loop_q && !t.loop_k &&
+         (plan.tile_slots == 0 || plan.tile_shared_over_n);
+}
+
+// kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out.
+template <typename Element, int kHeadDim, RowsJob kJob, bool kFast>
 __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBlocksPerSm)
     bwd_rows_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
                     const __grid_constant__ RowsTask task) {
   using T = BwdRowTraits<Element, kHeadDim>;
+  constexpr bool kDq = kJob == RowsJob::kDq, kOverN = kJob == RowsJob::kBiasOverN;
+  static_assert(!kOverN || kFast, "the n walk copies 16-byte chunks");
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
   constexpr int kTileStride = T::kTileStride;
   constexpr int kNTiles = kBlockN / 8, kDTiles = kHeadDim / 8, kKSteps = kHeadDim / 16;
@@ -94,6 +115,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   float* sTile = reinterpret_cast<float*>(sV + 2 * T::kSeqElems);
   float* sKey = sTile + kBlockM * kTileStride;
   float* sReduce = sKey + kBlockN;  // [4 warps][kBlockN] column sums
+  float* sStats = sReduce + 4 * kBlockN;  // [2 stages][3][kBlockM]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
@@ -105,21 +127,56 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   const int64_t it_end = it_begin + task.chunk_iters < task.iters ? it_begin + task.chunk_iters : task.iters;
 
   using Copy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
+  using Walk = SeqTileNWalk<Element, kBlockM, kHeadDim, 128>;
   static_assert(kBlockM == kBlockN, "one copy shape for Q, dO, K and V tiles");
+  TileCoord cur = rows_coord(task, p, plan, block, it_begin);
+  // kOverN: every iteration is the next n of the same (b, h, q-tile, k-tile), and these walk
+  // it (unused, and compiled out, otherwise).
+  const int64_t i_first = cur.qt * kBlockM, j_first = cur.kt * kBlockN;
+  Walk q_walk(p.q, p.q_stride, cur.b, cur.n, cur.h, i_first, p.Lq, p.D, tid);
+  Walk do_walk(p.d_o, p.do_stride, cur.b, cur.n, cur.h, i_first, p.Lq, p.D, tid);
+  Walk k_walk(p.k, p.k_stride, cur.b, cur.n, cur.h, j_first, p.Lk, p.D, tid);
+  Walk v_walk(p.v, p.v_stride, cur.b, cur.n, cur.h, j_first, p.Lk, p.D, tid);
+  // Q and dO of a query tile into stage s, with its rows' statistics (threads 0..63 one row
+  // each; zero past Lq, where the reader takes row_max = +inf, so P = 0).
   auto load_q = [&](const TileCoord& c, int s) {
+    if (tid < kBlockM) {
+      const int64_t i = c.qt * kBlockM + tid;
+      const bool valid = i < p.Lq;
+      const float* delta = static_cast<const float*>(p.workspace);
+      const float* src = delta + (valid ? ((c.b * p.N + c.n) * p.H + c.h) * p.Lq + i : 0);
+      float* dst = sStats + s * 3 * kBlockM + tid;
+      const int64_t rows = num_rows(p);
+      cp_async_4(dst, src, valid);
+      cp_async_4(dst + kBlockM, src + (valid ? rows : 0), valid);
+      cp_async_4(dst + 2 * kBlockM, src + (valid ? 2 * rows : 0), valid);
+    }
+    if constexpr (kOverN) {
+      q_walk.copy_next(sQ + s * T::kSeqElems, p.Lq - i_first, p.D, p.q_stride.l, p.q_stride.n,
+                       p.q, tid);
+      do_walk.copy_next(sdO + s * T::kSeqElems, p.Lq - i_first, p.D, p.do_stride.l,
+                        p.do_stride.n, p.d_o, tid);
+      return;
+    }
     Copy{row_ptr<Element>(p.q, p.q_stride, c.b, c.n, c.h)}.copy(
         sQ + s * T::kSeqElems, c.qt * kBlockM, p.Lq, p.D, (kFast || plan.vec_q), tid);
     Copy{row_ptr<Element>(p.d_o, p.do_stride, c.b, c.n, c.h)}.copy(
         sdO + s * T::kSeqElems, c.qt * kBlockM, p.Lq, p.D, (kFast || plan.vec_do), tid);
   };
   auto load_kv = [&](const TileCoord& c, int s) {
+    if constexpr (kOverN) {
+      k_walk.copy_next(sK + s * T::kSeqElems, p.Lk - j_first, p.D, p.k_stride.l, p.k_stride.n,
+                       p.k, tid);
+      v_walk.copy_next(sV + s * T::kSeqElems, p.Lk - j_first, p.D, p.v_stride.l, p.v_stride.n,
+                       p.v, tid);
+      return;
+    }
     Copy{row_ptr<Element>(p.k, p.k_stride, c.b, c.n, c.h)}.copy(
         sK + s * T::kSeqElems, c.kt * kBlockN, p.Lk, p.D, (kFast || plan.vec_k), tid);
     Copy{row_ptr<Element>(p.v, p.v_stride, c.b, c.n, c.h)}.copy(
         sV + s * T::kSeqElems, c.kt * kBlockN, p.Lk, p.D, (kFast || plan.vec_v), tid);
   };
 
-  TileCoord cur = rows_coord(task, p, plan, block, it_begin);
   // The output tile: looped coordinates at 0, where the gradient has stride 0 anyway.
   const TileCoord out = rows_coord(task, p, plan, block, 0);
   load_q(cur, 0);
@@ -133,23 +190,14 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     key_bias.start(p, plan, cur.b, cur.n, cur.h);
     key_bias.load<kFast>(p, plan, cur.b, cur.n, cur.h, cur.kt * kBlockN + tid);
   }
-  // Row statistics of this thread's two rows (g, g + 8), fetched with their Q tile; rows past
-  // Lq get row_max = +inf, so P = 0.
-  float next_max[2], next_log_sum[2], next_dlt[2];
-  auto load_row_stats = [&](const TileCoord& c) {
-    const float* delta =
-        static_cast<const float*>(p.workspace) + ((c.b * p.N + c.n) * p.H + c.h) * p.Lq;
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = c.qt * kBlockM + warp_row + g + 8 * r;
-      next_max[r] = i < p.Lq ? delta[num_rows(p) + i] : -neg_inf();
-      next_log_sum[r] = i < p.Lq ? delta[2 * num_rows(p) + i] : 0.0f;
-      next_dlt[r] = i < p.Lq ? delta[i] : 0.0f;
-    }
-  };
-  load_row_stats(cur);
-
   int q_stage = 0, kv_stage = 0;
   bool fresh_q = true, fresh_tile = true;
+  if constexpr (kOverN) {
+    // The bias tile is the same for every n (rows_task_over_n): converted once, here (the
+    // loop's first barrier publishes it), so its raw registers are free during the loop.
+    if (fast_tile) prefetch.store(sTile, kTileStride, fill);
+    fresh_tile = false;
+  }
   // Whether the bias tile of `next` differs from `cur`'s (the pair bias over an n loop: never).
   auto tile_changes = [&](const TileCoord& a, const TileCoord& c) {
     return a.qt != c.qt || (plan.tile_varies_b && a.b != c.b) ||
@@ -178,11 +226,17 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     TileCoord next = cur;
     bool next_q = false, next_kv = false, next_tile = false;
     if (it + 1 < it_end) {
-      next = rows_next(task, p, plan, cur);
-      const bool same_bnh = next.b == cur.b && next.n == cur.n && next.h == cur.h;
-      next_q = !(same_bnh && next.qt == cur.qt);
-      next_kv = !(same_bnh && next.kt == cur.kt);
-      next_tile = tile_changes(next, cur);
+      if constexpr (kOverN) {
+        ++next.n;
+        next_q = next_kv = true;
+        next_tile = false;
+      } else {
+        next = rows_next(task, p, plan, cur);
+        const bool same_bnh = next.b == cur.b && next.n == cur.n && next.h == cur.h;
+        next_q = !(same_bnh && next.qt == cur.qt);
+        next_kv = !(same_bnh && next.kt == cur.kt);
+        next_tile = tile_changes(next, cur);
+      }
       if (next_q) load_q(next, q_stage ^ 1);
       if (next_kv) load_kv(next, kv_stage ^ 1);
       cp_async_commit();
@@ -202,20 +256,23 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     if (fresh_q) {
       const Element* Qs = sQ + q_stage * T::kSeqElems;
       const Element* dOs = sdO + q_stage * T::kSeqElems;
-      for (int kk = 0; kk < kKSteps; ++kk) {
+      for (int kk = 0; kk < kKSteps && !kOverN; ++kk) {  // kOverN: read per k-step below
         const int off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
         ldmatrix_x4(q_frag[kk], Qs + off);
         ldmatrix_x4(do_frag[kk], dOs + off);
       }
+      // This thread's rows g, g + 8 of the tile (cur's: fresh_q means cur.qt's were loaded).
+      const float* stats = sStats + q_stage * 3 * kBlockM;
       for (int r = 0; r < 2; ++r) {
-        row_max[r] = next_max[r];
-        row_log_sum[r] = next_log_sum[r];
-        dlt[r] = next_dlt[r];
+        const int row = warp_row + g + 8 * r;
+        const bool inside = cur.qt * kBlockM + row < p.Lq;
+        dlt[r] = stats[row];
+        row_max[r] = inside ? stats[kBlockM + row] : -neg_inf();
+        row_log_sum[r] = stats[2 * kBlockM + row];
       }
       // A recomputed row (row_log_sum != 0, backend.h) needs the two-step exponent below.
       exact_rows = __any_sync(0xffffffffu, row_log_sum[0] != 0.0f || row_log_sum[1] != 0.0f);
     }
-    if (next_q) load_row_stats(next);  // consumed above, so next_* can take the next tile's
 
     // S = Q K^T and dP = dO V^T.
     const Element* Ks = sK + kv_stage * T::kSeqElems;
@@ -224,6 +281,13 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     for (int nt = 0; nt < kNTiles; ++nt)
       for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
     for (int kk = 0; kk < kKSteps; ++kk) {
+      if constexpr (kOverN) {
+        // A fresh Q, dO tile every iteration: its fragments are read where used, so only one
+        // k-step's are live beside S and dP (registers: the D <= 32 loop spilled).
+        const int off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
+        ldmatrix_x4(q_frag[kk], sQ + q_stage * T::kSeqElems + off);
+        ldmatrix_x4(do_frag[kk], sdO + q_stage * T::kSeqElems + off);
+      }
       for (int np = 0; np < kNTiles / 2; ++np) {
         const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
         const int off = key * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
@@ -384,8 +448,13 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream) {
   using T = BwdRowTraits<Element, kHeadDim>;
-  auto kernel = task.grad_slot < 0 ? bwd_rows_kernel<Element, kHeadDim, true, kFast>
-                                   : bwd_rows_kernel<Element, kHeadDim, false, kFast>;
+  auto kernel = task.grad_slot < 0 ? bwd_rows_kernel<Element, kHeadDim, RowsJob::kDq, kFast>
+                                   : bwd_rows_kernel<Element, kHeadDim, RowsJob::kBias, kFast>;
+  if constexpr (kFast) {
+    if (rows_task_over_n(task, plan)) {
+      kernel = bwd_rows_kernel<Element, kHeadDim, RowsJob::kBiasOverN, true>;
+    }
+  }
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   kernel<<<static_cast<unsigned>(task.blocks * task.chunks), T::kThreads, T::kSmemBytes, stream>>>(
       p, plan, task);

@@ -29,6 +29,13 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
                "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+// 4 bytes (cp.async.ca: through L1); zero-filled when !valid, as cp_async_16.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

@@ -101,6 +101,44 @@ struct SeqTileCopy : SeqTileShape<kRows, kHeadDim, kThreads> {
   }
 };
 
+// SeqTileCopy for a kernel that copies the same rows of consecutive n (the pair-bias gradient's
+// loop over n): the thread keeps a pointer to its first chunk in the next n, so a tile costs
+// per chunk a bounds test, a select and a cp.async, plus one pointer step — no 64-bit index
+// arithmetic. 16-byte copies only. Two registers: the kernel that walks four tensors has few.
+template <typename Element, int kRows, int kHeadDim, int kThreads>
+struct SeqTileNWalk : SeqTileShape<kRows, kHeadDim, kThreads> {
+  using Shape = SeqTileShape<kRows, kHeadDim, kThreads>;
+  using Shape::kRowStride, Shape::kChunksPerRow, Shape::kRowsPerPass, Shape::kPasses;
+
+  const Element* next;  // the thread's chunk of pass 0 in the next n (inside the tensor)
+
+  // Rows [row0, row0 + kRows) of (b, n0, h) first.
+  __device__ __forceinline__ SeqTileNWalk(const void* base, const SeqStrides& s, int64_t b,
+                                          int64_t n0, int64_t h, int64_t row0, int64_t num_rows,
+                                          int D, int tid) {
+    const int row = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
+    const bool inside = row0 + row < num_rows && d < D;
+    next = static_cast<const Element*>(base) + b * s.b + n0 * s.n + h * s.h +
+           (inside ? (row0 + row) * s.l + d : 0);
+  }
+
+  // This n's rows into `tile`; rows past the end (`rows_left` = num_rows - row0) zero-filled
+  // (`safe`: any address inside the tensor). Then steps to the next n.
+  __device__ __forceinline__ void copy_next(Element* tile, int64_t rows_left, int D,
+                                           int64_t row_stride, int64_t n_stride, const void* safe,
+                                           int tid) {
+    const int row = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
+    const int64_t left = d < D ? rows_left - row : 0;
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const bool valid = k * kRowsPerPass < left;
+      cp_async_16(tile + row * kRowStride + d + k * kRowsPerPass * kRowStride,
+                  valid ? next + k * kRowsPerPass * row_stride : safe, valid);
+    }
+    next += n_stride;
+  }
+};
+
 // SeqTileCopy for a kernel that walks the tiles of one (b, n, h) in order (the forward's
 // keys): the thread keeps a pointer to its chunk of the next tile, so with 16-byte copies legal
 // (`vec`) a tile costs per chunk a compare, a select and a cp.async, plus one pointer step.
