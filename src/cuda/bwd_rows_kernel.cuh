@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     if (fresh_q) {
       const Element* Qs = sQ + q_stage * T::kSeqElems;
       const Element* dOs = sdO + q_stage * T::kSeqElems;
-      for (int kk = 0; kk < kKSteps && !kOverN; ++kk) {  // kOverN: read per k-step below
+      for (int kk = 0; kk < kKSteps && kDq; ++kk) {  // bias jobs: read per k-step below
         const int off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
         ldmatrix_x4(q_frag[kk], Qs + off);
         ldmatrix_x4(do_frag[kk], dOs + off);
@@ -281,9 +281,10 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     for (int nt = 0; nt < kNTiles; ++nt)
       for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
     for (int kk = 0; kk < kKSteps; ++kk) {
-      if constexpr (kOverN) {
-        // A fresh Q, dO tile every iteration: its fragments are read where used, so only one
-        // k-step's are live beside S and dP (registers: the D <= 32 loop spilled).
+      if constexpr (!kDq) {
+        // Q, dO fragments read where used, so only one k-step's are live beside S, dP and the
+        // bias accumulators (registers: the D <= 32 loop spilled; over n they are new each
+        // iteration anyway).
         const int off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
         ldmatrix_x4(q_frag[kk], sQ + q_stage * T::kSeqElems + off);
         ldmatrix_x4(do_frag[kk], sdO + q_stage * T::kSeqElems + off);
