@@ -205,6 +205,16 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
            (plan.tile_varies_k && a.kt != c.kt);
   };
   uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
+  // k-step kk of the Q and dO fragments of the query tile in stage q_stage. The dQ job reads
+  // them all when the tile arrives (it keeps them over its key loop); the bias jobs read each
+  // where used, so only one k-step's are live beside S, dP and the bias accumulators
+  // (registers: the D <= 32 loop spilled; over n they are new each iteration anyway).
+  auto read_q_frags = [&](int kk) {
+    const int off = q_stage * T::kSeqElems + (warp_row + lane % 16) * kRowStride + kk * 16 +
+                    (lane / 16) * 8;
+    ldmatrix_x4(q_frag[kk], sQ + off);
+    ldmatrix_x4(do_frag[kk], sdO + off);
+  };
   float row_max[2], row_log_sum[2], dlt[2];
   bool exact_rows = true;
   float acc_dq[kDTiles][4], acc[kNTiles][4];
@@ -254,12 +264,8 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     __syncthreads();
 
     if (fresh_q) {
-      const Element* Qs = sQ + q_stage * T::kSeqElems;
-      const Element* dOs = sdO + q_stage * T::kSeqElems;
-      for (int kk = 0; kk < kKSteps && kDq; ++kk) {  // bias jobs: read per k-step below
-        const int off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
-        ldmatrix_x4(q_frag[kk], Qs + off);
-        ldmatrix_x4(do_frag[kk], dOs + off);
+      if constexpr (kDq) {
+        for (int kk = 0; kk < kKSteps; ++kk) read_q_frags(kk);
       }
       // This thread's rows g, g + 8 of the tile (cur's: fresh_q means cur.qt's were loaded).
       const float* stats = sStats + q_stage * 3 * kBlockM;
@@ -281,14 +287,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     for (int nt = 0; nt < kNTiles; ++nt)
       for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
     for (int kk = 0; kk < kKSteps; ++kk) {
-      if constexpr (!kDq) {
-        // Q, dO fragments read where used, so only one k-step's are live beside S, dP and the
-        // bias accumulators (registers: the D <= 32 loop spilled; over n they are new each
-        // iteration anyway).
-        const int off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
-        ldmatrix_x4(q_frag[kk], sQ + q_stage * T::kSeqElems + off);
-        ldmatrix_x4(do_frag[kk], sdO + q_stage * T::kSeqElems + off);
-      }
+      if constexpr (!kDq) read_q_frags(kk);
       for (int np = 0; np < kNTiles / 2; ++np) {
         const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
         const int off = key * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
