@@ -39,6 +39,18 @@ struct FwdTraits {
   // per SM the other block hides an item's start, and the walk's extra live registers cost the
   // 128-register loop 10-20%.
   static constexpr bool kPersistent = kMinBlocksPerSm == 1;
+  // Per-tile instruction cuts (kLeanTile): without a tile bias the tile buffers hold zeros and
+  // are read unconditionally (no zeroing of the predicated reads' registers, 15 CS2R a tile),
+  // the bias prefetch keeps stale chunks past Lq / Lk instead of zeroing them (8 CS2R), and
+  // each row's four max / sum partials start from the first four column tiles (16 FMNMX /
+  // FADD). H100, same-run A/B: the D = 16 forward 3-4% faster, D = 64 2%; at D = 32 they
+  // cost its 128-register loop three spill reloads a tile and 1-3% (tri256, msarow), so D = 32
+  // keeps the older form. kKeysInTwoWarps: two warps of a group load the key biases, one key
+  // per lane, and the other two skip that (~40 instructions a tile); balanced is better where
+  // a barrier waits on the slowest warp with no spare warp to fill the gap: D = 16 5% faster,
+  // D = 32 +8% on apb768, D = 64 +6%.
+  static constexpr bool kLeanTile = kHeadDim != 32;
+  static constexpr bool kKeysInTwoWarps = kHeadDim <= 16;
   static constexpr int kRowStride = kHeadDim + 8;
   // Float bias tile row stride: 72 = 8 (mod 32) words, so a half-warp's float2 reads of
   // rows g = 0..3 land in four disjoint 8-bank groups.
@@ -151,13 +163,13 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // A shared tile is filled by the block's first 256 threads, a group's own tile by its 128.
   const BiasFill fill = bias_fill_slice<T::kThreads>(shared_tile, tid, group_tid);
   const bool vec_q = kFast || plan.vec_q, vec_k = kFast || plan.vec_k, vec_v = kFast || plan.vec_v;
-  // 16 lanes of each of the group's 4 warps own one key each: balanced across warps.
-  const int key_slot = (warp % 4) * 16 + lane;
-  const bool key_filler = lane < 16;
+  // Key-bias loaders: 16 lanes of each of the group's 4 warps, or all lanes of its first two.
+  const int key_slot = T::kKeysInTwoWarps ? (warp % 4) * 32 + lane : (warp % 4) * 16 + lane;
+  const bool key_filler = T::kKeysInTwoWarps ? warp % 4 < 2 : lane < 16;
 
   using KVCopy = SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>;
   KVCopy k_copy, v_copy;
-  BiasTileStream<Element> prefetch;
+  BiasTileStream<Element, T::kLeanTile> prefetch;
   KeyBiasStream key_bias;
   // Key tiles are copied in order: j is the start of the next one.
   auto copy_kv = [&](int s, int64_t j) {
@@ -188,6 +200,9 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // the GPU at once, with pair_over_k one item per block; otherwise one item per block). From
   // the second item on, an item's first loads are issued during the previous item's last key
   // tile, so its start costs no load latency.
+  // kLeanTile without a tile bias: the tile buffers hold zeros, read like a tile; the first key
+  // tile's barrier publishes them.
+  if (T::kLeanTile && !has_tile) zero_floats<T::kThreads>(sTile, T::kTileFloats, tid);
   Item cur = decode(blockIdx.x);
   begin_item(cur, 0);
   cp_async_commit();  // Q, K, V and the raw bias of the first key tile
@@ -259,14 +274,19 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       // Scores in the log2 domain, then the online softmax on rows g and g + 8. Row maxima and
       // sums gather in four independent partials per row (short dependency chains: the loop is
       // latency-bound), combined as a tree.
+      // kLeanTile: the first four column tiles start the partials.
+      static_assert(kNTiles >= 4, "four partials per row");
       float part_max[2][4];
       for (int r = 0; r < 2; ++r)
         for (int k = 0; k < 4; ++k) part_max[r][k] = neg_inf();
       for (int nt = 0; nt < kNTiles; ++nt) {
-        scores_log2<kTileStride>(s[nt], nt * 8 + 2 * t, keys, tile + (warp_row + g) * kTileStride,
-                                 has_tile, p.scale_log2);
-        part_max[0][nt % 4] = fmaxf(part_max[0][nt % 4], fmaxf(s[nt][0], s[nt][1]));
-        part_max[1][nt % 4] = fmaxf(part_max[1][nt % 4], fmaxf(s[nt][2], s[nt][3]));
+        scores_log2<kTileStride, T::kLeanTile>(s[nt], nt * 8 + 2 * t, keys,
+                                               tile + (warp_row + g) * kTileStride, has_tile,
+                                               p.scale_log2);
+        for (int r = 0; r < 2; ++r) {
+          const float m = fmaxf(s[nt][2 * r], s[nt][2 * r + 1]);
+          part_max[r][nt % 4] = T::kLeanTile && nt < 4 ? m : fmaxf(part_max[r][nt % 4], m);
+        }
       }
       float m_use[2], tile_max[2];
       for (int r = 0; r < 2; ++r) {
@@ -282,7 +302,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       for (int nt = 0; nt < kNTiles; ++nt) {
         for (int e = 0; e < 4; ++e) {
           s[nt][e] = exp2_approx(s[nt][e] - m_use[e / 2]);
-          part_sum[e / 2][nt % 4] += s[nt][e];
+          float& part = part_sum[e / 2][nt % 4];
+          part = T::kLeanTile && nt < 4 && e % 2 == 0 ? s[nt][e] : part + s[nt][e];
         }
       }
       for (int r = 0; r < 2; ++r) {

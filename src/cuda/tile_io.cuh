@@ -386,8 +386,10 @@ struct BiasTilePrefetch {
 // BiasTilePrefetch for a kernel that walks the key tiles of one (b, n, h) in order (the
 // forward): the thread keeps a pointer to its chunk of the next tile and how many rows and
 // columns remain from it, so a tile costs per chunk a compare and a load, plus one pointer
-// step — not the full 64-bit address of every chunk.
-template <typename Element>
+// step — not the full 64-bit address of every chunk. kKeepStale: a chunk past Lq or Lk keeps
+// what it held (zero from `start`, or the row's bias one tile back): finite, and its scores
+// are discarded (rows past Lq) or -inf by the key bias (columns past Lk); no zeroing a tile.
+template <typename Element, bool kKeepStale>
 struct BiasTileStream : BiasTilePrefetch<Element> {
   using BiasTilePrefetch<Element>::raw;
   const uint16_t* next;      // the thread's first chunk of the next tile
@@ -402,6 +404,10 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
            h * bp.stride.h + i * bp.stride.q + j;
     rows_left = p.Lq - i;
     cols_left = p.Lk - j;
+    if (kKeepStale) {
+      for (int u = 0; u < 2; ++u)
+        for (int half = 0; half < 2; ++half) raw[u][half] = make_uint4(0, 0, 0, 0);
+    }
   }
 
   __device__ __forceinline__ void load_next(const LaunchPlan& plan, const BiasFill& f) {
@@ -411,8 +417,12 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
       for (int half = 0; half < 2; ++half) {
         // Fast tiles have Lk % 8 == 0: a chunk is wholly inside or wholly past Lk.
         const bool ok = rows_left > 32 * u && cols_left > 8 * half;
-        raw[u][half] = ok ? *reinterpret_cast<const uint4*>(next + 32 * u * row_stride + 8 * half)
-                          : make_uint4(0, 0, 0, 0);
+        const uint4* src = reinterpret_cast<const uint4*>(next + 32 * u * row_stride + 8 * half);
+        if constexpr (kKeepStale) {
+          if (ok) raw[u][half] = *src;
+        } else {
+          raw[u][half] = ok ? *src : make_uint4(0, 0, 0, 0);
+        }
       }
     }
     next += kTile;
@@ -446,16 +456,24 @@ __device__ __forceinline__ void fill_bias_tile_generic(float* tile, int stride, 
 }
 
 
+// floats [0, count) of shared memory = 0, by kThreads threads (the caller publishes them).
+template <int kThreads>
+__device__ __forceinline__ void zero_floats(float* smem, int count, int tid) {
+  for (int i = tid; i < count; i += kThreads) smem[i] = 0.0f;
+}
+
 // One 8-key column tile of a warp's S accumulators (rows g, g + 8; columns c, c + 1) -> log2
-// scores in place: score_log2 with the key biases (`keys`, stored times log2 e) and, when
-// present, the float bias tile (natural units; `tile_row` = its row g, row g + 8 below it).
-template <int kTileStride>
+// scores in place: score_log2 with the key biases (`keys`, stored times log2 e) and the float
+// bias tile (natural units; `tile_row` = its row g, row g + 8 below it). kAlwaysRead: the tile
+// buffer holds zeros when there is no tile bias, so it is read unconditionally; otherwise it is
+// read when `has_tile` (the predicated reads zero their registers first).
+template <int kTileStride, bool kAlwaysRead>
 __device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* keys,
                                             const float* tile_row, bool has_tile,
                                             float scale_log2) {
   const float2 kb = *reinterpret_cast<const float2*>(keys + c);
   float2 tb0 = make_float2(0.0f, 0.0f), tb1 = tb0;
-  if (has_tile) {
+  if (kAlwaysRead || has_tile) {
     tb0 = *reinterpret_cast<const float2*>(tile_row + c);
     tb1 = *reinterpret_cast<const float2*>(tile_row + 8 * kTileStride + c);
   }
