@@ -17,9 +17,8 @@ KERNELS = {
     "bwd_rows": ("cuda/bwd_rows_kernel.cuh", "run_bwd_rows",
                  "(const BwdParams&, const LaunchPlan&, const RowsTask&, cudaStream_t)"),
 }
-# The forward's group counts per head-dim bucket (fwd_max_groups, and 1 above head dim 32:
-# fwd_groups_for in launch_plan.h).
-FWD_GROUPS = {16: [2], 32: [2], 64: [3, 1], 128: [2, 1]}
+# The forward's group counts per head-dim bucket (fwd_groups_for in launch_plan.h).
+FWD_GROUPS = {16: [2], 32: [2], 64: [3, 2, 1], 128: [2, 1]}
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")

@@ -66,12 +66,14 @@ cudaError_t with_head_dim(int D, Launch&& launch) {
 // The forward instantiation for plan.fwd_groups: the group counts fwd_groups_for picks.
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_fwd_groups(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  constexpr int kMost = cuda::fwd_max_groups(kHeadDim);
   if constexpr (kHeadDim <= 32) {
-    return cuda::run_fwd<Element, kHeadDim, kMost, kFast>(p, plan, stream);
+    return cuda::run_fwd<Element, kHeadDim, 2, kFast>(p, plan, stream);
   } else {
-    return plan.fwd_groups == kMost ? cuda::run_fwd<Element, kHeadDim, kMost, kFast>(p, plan, stream)
-                                    : cuda::run_fwd<Element, kHeadDim, 1, kFast>(p, plan, stream);
+    if constexpr (kHeadDim == 64) {
+      if (plan.fwd_groups == 3) return cuda::run_fwd<Element, kHeadDim, 3, kFast>(p, plan, stream);
+    }
+    return plan.fwd_groups == 2 ? cuda::run_fwd<Element, kHeadDim, 2, kFast>(p, plan, stream)
+                                : cuda::run_fwd<Element, kHeadDim, 1, kFast>(p, plan, stream);
   }
 }
 

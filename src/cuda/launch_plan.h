@@ -146,17 +146,18 @@ constexpr size_t fwd_smem_bytes(int head_dim, int groups) {
   return groups * 5 * seq + (groups < 2 ? 2 : groups) * tile + groups * 2 * kTile * sizeof(float);
 }
 
-// The forward's largest group count for a head-dim bucket: 2 (two blocks per SM up to head
-// dim 32), 3 at 64 (twelve warps on one SM; two groups left the latency-bound loop eight), 2 at
-// 128. Above 32 the only other variant is one group.
-constexpr int fwd_max_groups(int head_dim) { return head_dim == 64 ? 3 : 2; }
-
-// Forward groups per block for a head-dim bucket on a GPU allowing `smem` bytes per block:
-// fwd_max_groups where it fits (at 64 the H100: 195 of 227 KB; at 128: 211 KB), else 1 (at 64
-// the A100 and sm_86/89, at 128 the A100). Head dims up to 32 always fit (87 KB).
+// Forward groups per block for a head-dim bucket on a GPU allowing `smem` bytes per block, the
+// most that fit: up to head dim 32 two (two blocks per SM; 87 KB); at 64 three (twelve warps on
+// one SM, 195 KB: the H100; two groups left the latency-bound loop eight), else two (130 KB: the
+// A100), else one (sm_86/89); at 128 two (211 KB: the H100), else one (121.5 KB: the A100).
+// tools/gen_instantiations.py's FWD_GROUPS instantiates these counts.
 constexpr int fwd_groups_for(int head_dim, size_t smem) {
-  const int most = fwd_max_groups(head_dim);
-  return head_dim <= 32 || fwd_smem_bytes(head_dim, most) <= smem ? most : 1;
+  if (head_dim <= 32) return 2;
+  const int most = head_dim == 64 ? 3 : 2;
+  for (int groups = most; groups > 1; --groups) {
+    if (fwd_smem_bytes(head_dim, groups) <= smem) return groups;
+  }
+  return 1;
 }
 
 // Sets the forward's work split (fwd_groups, pair_over_k, pair_over_n, fwd_blocks) for

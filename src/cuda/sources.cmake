@@ -11,6 +11,8 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_fp16_hdim32_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_generic.cu
+  cuda/instantiations/fwd_fp16_hdim64_g2_fast.cu
+  cuda/instantiations/fwd_fp16_hdim64_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g1_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g1_generic.cu
   cuda/instantiations/fwd_fp16_hdim128_g2_fast.cu
@@ -23,6 +25,8 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_bf16_hdim32_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_generic.cu
+  cuda/instantiations/fwd_bf16_hdim64_g2_fast.cu
+  cuda/instantiations/fwd_bf16_hdim64_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g1_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g1_generic.cu
   cuda/instantiations/fwd_bf16_hdim128_g2_fast.cu

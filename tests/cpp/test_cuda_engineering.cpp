@@ -333,8 +333,9 @@ constexpr size_t kSm86Smem = 99 * 1024, kA100Smem = 163 * 1024;
 
 // The variants of GPUs with less shared memory per block than the H100, run on this one: the
 // forward with one group per block at head dim 64 under 99 KB (RTX 30/40, L40; with the
-// backward, whose dK/dV pass then keeps dQ out) and at 128 under 163 KB (A100), against the
-// reference; at 128 under 99 KB the error that names the shared memory.
+// backward, whose dK/dV pass then keeps dQ out) and at 128 under 163 KB (A100), two groups at
+// 64 under 163 KB (A100) — each in its fast and (D = 60: no 16-byte rows) generic variant —
+// against the reference; at 128 under 99 KB the error that names the shared memory.
 TEST(SmallGpuVariants, MatchReference) {
   if (backend_missing(Backend::kCuda)) GTEST_SKIP() << kNoCudaMessage;
   uint64_t seed = 900;
@@ -346,6 +347,10 @@ TEST(SmallGpuVariants, MatchReference) {
     const Run runs[] = {
         {kSm86Smem, shape(1, 130, 2, 70, 136, 64, dt).biases("bn11k", "b1hqk").grads(true, true)},
         {kSm86Smem, shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk")},
+        {kSm86Smem, shape(1, 3, 2, 70, 75, 60, dt).biases("bn11k", "b1hqk")},
+        {kA100Smem, shape(1, 130, 2, 70, 136, 64, dt).biases("bn11k", "b1hqk").grads(true, true)},
+        {kA100Smem, shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk")},
+        {kA100Smem, shape(1, 5, 2, 70, 75, 60, dt).biases("bn11k", "b1hqk")},
         {kA100Smem, shape(2, 2, 2, 17, 136, 128, dt).biases("bn11k", "b1hqk")},
         {kA100Smem, shape(1, 40, 2, 70, 136, 128, dt).biases("bn11k", "b1hqk")},
     };
