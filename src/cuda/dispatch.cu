@@ -80,7 +80,13 @@ cudaError_t run_fwd_groups(const FwdParams& p, const LaunchPlan& plan, cudaStrea
 template <typename Element, bool kFast>
 cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   return with_head_dim(p.D, [&](auto hd) {
-    return run_fwd_groups<Element, decltype(hd)::value, kFast>(p, plan, stream);
+    constexpr int kHeadDim = decltype(hd)::value;
+    // No tile bias, head dim <= 32: the fast kernel without the tile code (gen_instantiations.py's
+    // FWD_NO_TILE).
+    if constexpr (kFast && kHeadDim <= 32) {
+      if (plan.tile_slots == 0) return cuda::run_fwd<Element, kHeadDim, 2, true, true>(p, plan, stream);
+    }
+    return run_fwd_groups<Element, kHeadDim, kFast>(p, plan, stream);
   });
 }
 

@@ -70,6 +70,10 @@ __device__ __forceinline__ void bias_split_at(const FwdParams& p, int64_t b, int
 __device__ __forceinline__ float score_log2(float dot, float scale_log2, float key_log2, float tile) {
   return fmaf(tile, kLog2e, fmaf(dot, scale_log2, key_log2));
 }
+// No tile bias: the same value (y + 0 log2(e) = y; only a -0 would have become +0).
+__device__ __forceinline__ float score_log2(float dot, float scale_log2, float key_log2) {
+  return fmaf(dot, scale_log2, key_log2);
+}
 constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 

@@ -72,8 +72,9 @@ struct FwdTraits {
 };
 
 
-// kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out.
-template <typename Element, int kHeadDim, int kGroups, bool kFast>
+// kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out. kNoTile:
+// the plan has no tile bias (plan.tile_slots == 0), and the tile code is compiled out too.
+template <typename Element, int kHeadDim, int kGroups, bool kFast, bool kNoTile = false>
 __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThreads,
                                   FwdTraits<Element, kHeadDim, kGroups>::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan) {
@@ -158,8 +159,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   const bool double_buffer = shared_tile || kGroups == 1;
   float* myTile = sTile + (double_buffer ? 0 : group) * kBlockM * kTileStride;
   float* myKey = sKey + group * 2 * kBlockN;
-  const bool has_tile = plan.tile_slots != 0;
-  const bool fast_tile = plan.tile_fast_slot >= 0;
+  const bool has_tile = !kNoTile && plan.tile_slots != 0;
+  const bool fast_tile = !kNoTile && plan.tile_fast_slot >= 0;
   // A shared tile is filled by the block's first 256 threads, a group's own tile by its 128.
   const BiasFill fill = bias_fill_slice<T::kThreads>(shared_tile, tid, group_tid);
   const bool vec_q = kFast || plan.vec_q, vec_k = kFast || plan.vec_k, vec_v = kFast || plan.vec_v;
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // tile, so its start costs no load latency.
   // kLeanTile without a tile bias: the tile buffers hold zeros, read like a tile; the first key
   // tile's barrier publishes them.
-  if (T::kLeanTile && !has_tile) zero_floats<T::kThreads>(sTile, T::kTileFloats, tid);
+  if (T::kLeanTile && !kNoTile && !has_tile) zero_floats<T::kThreads>(sTile, T::kTileFloats, tid);
   Item cur = decode(blockIdx.x);
   begin_item(cur, 0);
   cp_async_commit();  // Q, K, V and the raw bias of the first key tile
@@ -276,13 +277,15 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       // latency-bound), combined as a tree.
       // kLeanTile: the first four column tiles start the partials.
       static_assert(kNTiles >= 4, "four partials per row");
+      constexpr TileRead kTileRead = kNoTile ? TileRead::kNone
+                                     : T::kLeanTile ? TileRead::kAlways : TileRead::kIfPresent;
       float part_max[2][4];
       for (int r = 0; r < 2; ++r)
         for (int k = 0; k < 4; ++k) part_max[r][k] = neg_inf();
       for (int nt = 0; nt < kNTiles; ++nt) {
-        scores_log2<kTileStride, T::kLeanTile>(s[nt], nt * 8 + 2 * t, keys,
-                                               tile + (warp_row + g) * kTileStride, has_tile,
-                                               p.scale_log2);
+        scores_log2<kTileStride, kTileRead>(s[nt], nt * 8 + 2 * t, keys,
+                                            tile + (warp_row + g) * kTileStride, has_tile,
+                                            p.scale_log2);
         for (int r = 0; r < 2; ++r) {
           const float m = fmaxf(s[nt][2 * r], s[nt][2 * r + 1]);
           part_max[r][nt % 4] = T::kLeanTile && nt < 4 ? m : fmaxf(part_max[r][nt % 4], m);
@@ -412,13 +415,13 @@ int64_t fwd_resident_blocks(Kernel* kernel, int threads, size_t smem) {
   return static_cast<int64_t>(sms) * per_sm;
 }
 
-// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast); defined per instantiation
-// file. plan.fwd_groups must be kGroups.
-template <typename Element, int kHeadDim, int kGroups, bool kFast>
+// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kNoTile); defined per
+// instantiation file. plan.fwd_groups must be kGroups.
+template <typename Element, int kHeadDim, int kGroups, bool kFast, bool kNoTile = false>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = FwdTraits<Element, kHeadDim, kGroups>;
-  if (plan.fwd_groups != kGroups) return cudaErrorInvalidValue;
-  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast>;
+  if (plan.fwd_groups != kGroups || (kNoTile && plan.tile_slots != 0)) return cudaErrorInvalidValue;
+  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kNoTile>;
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   // With pair_over_k one item per block (its merge reuses the K/V buffers); otherwise at most
   // the blocks that fit at once, each walking several items.

@@ -7,8 +7,10 @@ list(APPEND EVOATTN_SOURCES
   cuda/smem_budget.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_generic.cu
+  cuda/instantiations/fwd_fp16_hdim16_g2_fast_notile.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_fast.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_generic.cu
+  cuda/instantiations/fwd_fp16_hdim32_g2_fast_notile.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g2_fast.cu
@@ -21,8 +23,10 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_fp16_hdim128_g1_generic.cu
   cuda/instantiations/fwd_bf16_hdim16_g2_fast.cu
   cuda/instantiations/fwd_bf16_hdim16_g2_generic.cu
+  cuda/instantiations/fwd_bf16_hdim16_g2_fast_notile.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_fast.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_generic.cu
+  cuda/instantiations/fwd_bf16_hdim32_g2_fast_notile.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g2_fast.cu

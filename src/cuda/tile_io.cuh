@@ -462,18 +462,28 @@ __device__ __forceinline__ void zero_floats(float* smem, int count, int tid) {
   for (int i = tid; i < count; i += kThreads) smem[i] = 0.0f;
 }
 
+// How a score pass reads the float bias tile: kIfPresent when `has_tile` (the predicated reads
+// zero their registers first), kAlways (the tile buffer holds zeros when there is no tile
+// bias), kNone (a kernel compiled for no tile bias).
+enum class TileRead { kIfPresent, kAlways, kNone };
+
 // One 8-key column tile of a warp's S accumulators (rows g, g + 8; columns c, c + 1) -> log2
 // scores in place: score_log2 with the key biases (`keys`, stored times log2 e) and the float
-// bias tile (natural units; `tile_row` = its row g, row g + 8 below it). kAlwaysRead: the tile
-// buffer holds zeros when there is no tile bias, so it is read unconditionally; otherwise it is
-// read when `has_tile` (the predicated reads zero their registers first).
-template <int kTileStride, bool kAlwaysRead>
+// bias tile (natural units; `tile_row` = its row g, row g + 8 below it), read as kRead says.
+template <int kTileStride, TileRead kRead>
 __device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* keys,
                                             const float* tile_row, bool has_tile,
                                             float scale_log2) {
   const float2 kb = *reinterpret_cast<const float2*>(keys + c);
+  if constexpr (kRead == TileRead::kNone) {
+    s[0] = score_log2(s[0], scale_log2, kb.x);
+    s[1] = score_log2(s[1], scale_log2, kb.y);
+    s[2] = score_log2(s[2], scale_log2, kb.x);
+    s[3] = score_log2(s[3], scale_log2, kb.y);
+    return;
+  }
   float2 tb0 = make_float2(0.0f, 0.0f), tb1 = tb0;
-  if (kAlwaysRead || has_tile) {
+  if (kRead == TileRead::kAlways || has_tile) {
     tb0 = *reinterpret_cast<const float2*>(tile_row + c);
     tb1 = *reinterpret_cast<const float2*>(tile_row + 8 * kTileStride + c);
   }

@@ -30,6 +30,11 @@ std::vector<Case> grid() {
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 1, 200, 130, 96, 16, dt).biases("", "bnhqk"));
+    // No tile bias, head dim <= 32: the fast forward compiled without tile code (kNoTile),
+    // split keys, paired over n, over query tiles.
+    cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", ""));
+    cases.push_back(shape(1, 64, 4, 130, 136, 16, dt).biases("bn11k", ""));
+    cases.push_back(shape(1, 1, 200, 130, 96, 8, dt));
     // Head dim 64 takes three groups per block on the H100: few items (the groups split four
     // key tiles, the last group's past Lk) and enough to pair over n (N % 3 != 0: an idle group).
     cases.push_back(shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk"));
@@ -51,6 +56,9 @@ std::vector<Case> grid() {
       Case paired = shape(1, 64, 4, 70, 136, 32, dt).biases("bn11k", "b1hqk");
       paired.key_ramp = ramp;
       cases.push_back(paired);
+      Case mask_only = shape(2, 3, 2, 70, 304, 32, dt).biases("bn11k", "");  // kNoTile
+      mask_only.key_ramp = ramp;
+      cases.push_back(mask_only);
     }
   }
   // A caller-given scale: in float32, and in bf16 on the CUDA fast path (Lk % 8 == 0) with a
