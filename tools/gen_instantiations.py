@@ -19,9 +19,11 @@ KERNELS = {
 }
 # The forward's group counts per head-dim bucket (fwd_groups_for in launch_plan.h).
 FWD_GROUPS = {16: [2], 32: [2], 64: [3, 2, 1], 128: [2, 1]}
-# The fast forward compiled without the tile-bias code (`kNoTile`: mask-only attention such as
-# MSA column attention) at these head dims (dispatch.cu's fwd_mma_path picks it).
-FWD_NO_TILE = [16, 32]
+# The fast forward compiled for one tile-bias kind (FwdTile in launch_plan.h: none, as in MSA
+# column attention; a fast tile shared over n, the Evoformer pair bias) at these head dims
+# (dispatch.cu's fwd_mma_path picks them): file suffix -> template argument.
+FWD_TILE_KINDS = {"_notile": "FwdTile::kNone", "_sharedtile": "FwdTile::kShared"}
+FWD_TILE_KIND_HEAD_DIMS = [16, 32]
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
@@ -56,10 +58,12 @@ def main() -> None:
                     for suffix, fast in VARIANTS.items():
                         write_instantiation(out, f"{kernel}_{dname}_hdim{hd}{tag}{suffix}.cu", header,
                                             f"cudaError_t {fn}<{dtype}, {hd}, {garg}{fast}>{sig}", names)
-                if kernel == "fwd" and hd in FWD_NO_TILE:
+                if kernel == "fwd" and hd in FWD_TILE_KIND_HEAD_DIMS:
                     g = FWD_GROUPS[hd][0]
-                    write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast_notile.cu", header,
-                                        f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, true>{sig}", names)
+                    for suffix, kind in FWD_TILE_KINDS.items():
+                        write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast{suffix}.cu", header,
+                                            f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, {kind}>{sig}",
+                                            names)
     header, fn, sig = TF32_FWD
     for hd in HEAD_DIMS:
         write_instantiation(out, f"fwd_tf32_hdim{hd}.cu", header, f"cudaError_t {fn}<{hd}>{sig}",

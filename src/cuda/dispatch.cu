@@ -81,10 +81,16 @@ template <typename Element, bool kFast>
 cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   return with_head_dim(p.D, [&](auto hd) {
     constexpr int kHeadDim = decltype(hd)::value;
-    // No tile bias, head dim <= 32: the fast kernel without the tile code (gen_instantiations.py's
-    // FWD_NO_TILE).
+    // Head dim <= 32, fast: the kernels compiled for no tile bias, or for a shared fast tile
+    // (gen_instantiations.py's FWD_TILE_KINDS).
     if constexpr (kFast && kHeadDim <= 32) {
-      if (plan.tile_slots == 0) return cuda::run_fwd<Element, kHeadDim, 2, true, true>(p, plan, stream);
+      using cuda::FwdTile;
+      if (plan.tile_slots == 0) {
+        return cuda::run_fwd<Element, kHeadDim, 2, true, FwdTile::kNone>(p, plan, stream);
+      }
+      if (cuda::fwd_shared_tile(plan)) {
+        return cuda::run_fwd<Element, kHeadDim, 2, true, FwdTile::kShared>(p, plan, stream);
+      }
     }
     return run_fwd_groups<Element, kHeadDim, kFast>(p, plan, stream);
   });

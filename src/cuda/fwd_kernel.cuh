@@ -72,9 +72,9 @@ struct FwdTraits {
 };
 
 
-// kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out. kNoTile:
-// the plan has no tile bias (plan.tile_slots == 0), and the tile code is compiled out too.
-template <typename Element, int kHeadDim, int kGroups, bool kFast, bool kNoTile = false>
+// kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out. kTile:
+// the tile bias it is compiled for (FwdTile); kNone compiles the tile code out.
+template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny>
 __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThreads,
                                   FwdTraits<Element, kHeadDim, kGroups>::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan) {
@@ -148,7 +148,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   };
   // The groups read one bias tile when it cannot differ between them (an idle group takes a
   // real item's n, so also when kGroups does not divide N).
-  const bool shared_tile = plan.pair_over_n && plan.tile_shared_over_n;
+  constexpr bool kNoTile = kTile == FwdTile::kNone, kSharedTile = kTile == FwdTile::kShared;
+  const bool shared_tile = kSharedTile || (plan.pair_over_n && plan.tile_shared_over_n);
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
@@ -159,8 +160,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   const bool double_buffer = shared_tile || kGroups == 1;
   float* myTile = sTile + (double_buffer ? 0 : group) * kBlockM * kTileStride;
   float* myKey = sKey + group * 2 * kBlockN;
-  const bool has_tile = !kNoTile && plan.tile_slots != 0;
-  const bool fast_tile = !kNoTile && plan.tile_fast_slot >= 0;
+  const bool has_tile = kSharedTile || (!kNoTile && plan.tile_slots != 0);
+  const bool fast_tile = kSharedTile || (!kNoTile && plan.tile_fast_slot >= 0);
   // A shared tile is filled by the block's first 256 threads, a group's own tile by its 128.
   const BiasFill fill = bias_fill_slice<T::kThreads>(shared_tile, tid, group_tid);
   const bool vec_q = kFast || plan.vec_q, vec_k = kFast || plan.vec_k, vec_v = kFast || plan.vec_v;
@@ -415,13 +416,16 @@ int64_t fwd_resident_blocks(Kernel* kernel, int threads, size_t smem) {
   return static_cast<int64_t>(sms) * per_sm;
 }
 
-// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kNoTile); defined per
+// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kTile); defined per
 // instantiation file. plan.fwd_groups must be kGroups.
-template <typename Element, int kHeadDim, int kGroups, bool kFast, bool kNoTile = false>
+template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = FwdTraits<Element, kHeadDim, kGroups>;
-  if (plan.fwd_groups != kGroups || (kNoTile && plan.tile_slots != 0)) return cudaErrorInvalidValue;
-  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kNoTile>;
+  if (plan.fwd_groups != kGroups || (kTile == FwdTile::kNone && plan.tile_slots != 0) ||
+      (kTile == FwdTile::kShared && !fwd_shared_tile(plan))) {
+    return cudaErrorInvalidValue;
+  }
+  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile>;
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   // With pair_over_k one item per block (its merge reuses the K/V buffers); otherwise at most
   // the blocks that fit at once, each walking several items.

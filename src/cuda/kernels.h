@@ -13,8 +13,8 @@ namespace evoattn::cuda {
 
 // float16 / bfloat16 on mma.sync; tiles of 64 queries x 64 keys. kFast: the plan takes the
 // common-case path (fwd_fast_path / bwd_fast_path in launch_plan.h).
-// The forward's kGroups: plan.fwd_groups (fwd_groups_for); kNoTile: a plan without tile bias.
-template <typename Element, int kHeadDim, int kGroups, bool kFast, bool kNoTile = false>
+// The forward's kGroups: plan.fwd_groups (fwd_groups_for); kTile: FwdTile (launch_plan.h).
+template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);

@@ -146,6 +146,15 @@ constexpr size_t fwd_smem_bytes(int head_dim, int groups) {
   return groups * 5 * seq + (groups < 2 ? 2 : groups) * tile + groups * 2 * kTile * sizeof(float);
 }
 
+// Which tile bias a forward instantiation is compiled for (its `kTile`): any (runtime), none
+// (plan.tile_slots == 0), or the fast tile shared by the block's groups over n (fwd_shared_tile:
+// the Evoformer pair bias), whose fill then takes one chunk pair per thread.
+enum class FwdTile { kAny, kNone, kShared };
+
+inline bool fwd_shared_tile(const LaunchPlan& plan) {
+  return plan.tile_fast_slot >= 0 && plan.pair_over_n && plan.tile_shared_over_n;
+}
+
 // Forward groups per block for a head-dim bucket on a GPU allowing `smem` bytes per block, the
 // most that fit: up to head dim 32 two (two blocks per SM; 87 KB); at 64 three (twelve warps on
 // one SM, 195 KB: the H100; two groups left the latency-bound loop eight), else two (130 KB: the

@@ -8,9 +8,11 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_fp16_hdim16_g2_fast.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_notile.cu
+  cuda/instantiations/fwd_fp16_hdim16_g2_fast_sharedtile.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_fast.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_fast_notile.cu
+  cuda/instantiations/fwd_fp16_hdim32_g2_fast_sharedtile.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g2_fast.cu
@@ -24,9 +26,11 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_bf16_hdim16_g2_fast.cu
   cuda/instantiations/fwd_bf16_hdim16_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim16_g2_fast_notile.cu
+  cuda/instantiations/fwd_bf16_hdim16_g2_fast_sharedtile.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_fast.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_fast_notile.cu
+  cuda/instantiations/fwd_bf16_hdim32_g2_fast_sharedtile.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g2_fast.cu
