@@ -198,13 +198,14 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
     if (key_filler) key_bias.load_next<kFast>(p, plan, item.b, item.n, item.h);
   };
 
+  // kLeanTile without a tile bias: the tile buffers hold zeros, read like a tile; the first key
+  // tile's barrier publishes them.
+  if (T::kLeanTile && !kNoTile && !has_tile) zero_floats<T::kThreads>(sTile, T::kTileFloats, tid);
+
   // Blocks walk items blockIdx.x, + gridDim.x, ... (kPersistent: the grid is at most what fits
   // the GPU at once, with pair_over_k one item per block; otherwise one item per block). From
   // the second item on, an item's first loads are issued during the previous item's last key
   // tile, so its start costs no load latency.
-  // kLeanTile without a tile bias: the tile buffers hold zeros, read like a tile; the first key
-  // tile's barrier publishes them.
-  if (T::kLeanTile && !kNoTile && !has_tile) zero_floats<T::kThreads>(sTile, T::kTileFloats, tid);
   Item cur = decode(blockIdx.x);
   begin_item(cur, 0);
   cp_async_commit();  // Q, K, V and the raw bias of the first key tile

@@ -114,7 +114,8 @@ __global__ void __launch_bounds__(128)
     float tile_max[2] = {neg_inf(), neg_inf()};
     for (int nt = 0; nt < kNTiles; ++nt) {
       scores_log2<kTileStride, TileRead::kIfPresent>(s[nt], nt * 8 + 2 * t, sKey,
-                                      sTile + (warp_row + g) * kTileStride, has_tile, p.scale_log2);
+                                                     sTile + (warp_row + g) * kTileStride,
+                                                     has_tile, p.scale_log2);
       tile_max[0] = fmaxf(tile_max[0], fmaxf(s[nt][0], s[nt][1]));
       tile_max[1] = fmaxf(tile_max[1], fmaxf(s[nt][2], s[nt][3]));
     }

@@ -404,7 +404,7 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
            h * bp.stride.h + i * bp.stride.q + j;
     rows_left = p.Lq - i;
     cols_left = p.Lk - j;
-    if (kKeepStale) {
+    if constexpr (kKeepStale) {
       for (int u = 0; u < 2; ++u)
         for (int half = 0; half < 2; ++half) raw[u][half] = make_uint4(0, 0, 0, 0);
     }

@@ -29,9 +29,9 @@ std::vector<Case> grid() {
     // a shared pair-bias tile, over query tiles.
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk"));
-    cases.push_back(shape(1, 64, 2, 70, 136, 16, dt).biases("bn11k", "b1hqk"));  // shared, D 16
+    cases.push_back(shape(1, 64, 2, 70, 136, 16, dt).biases("bn11k", "b1hqk"));  // kShared, D 16
     cases.push_back(shape(1, 1, 200, 130, 96, 16, dt).biases("", "bnhqk"));
-    // No tile bias, head dim <= 32: the fast forward compiled without tile code (kNoTile),
+    // No tile bias, head dim <= 32: the fast forward compiled without tile code (FwdTile::kNone),
     // split keys, paired over n, over query tiles.
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", ""));
     cases.push_back(shape(1, 64, 4, 130, 136, 16, dt).biases("bn11k", ""));
@@ -57,7 +57,7 @@ std::vector<Case> grid() {
       Case paired = shape(1, 64, 4, 70, 136, 32, dt).biases("bn11k", "b1hqk");
       paired.key_ramp = ramp;
       cases.push_back(paired);
-      Case mask_only = shape(2, 3, 2, 70, 304, 32, dt).biases("bn11k", "");  // kNoTile
+      Case mask_only = shape(2, 3, 2, 70, 304, 32, dt).biases("bn11k", "");  // FwdTile::kNone
       mask_only.key_ramp = ramp;
       cases.push_back(mask_only);
     }
