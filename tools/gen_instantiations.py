@@ -24,6 +24,9 @@ FWD_GROUPS = {16: [2], 32: [2], 64: [3, 2, 1], 128: [2, 1]}
 # (dispatch.cu's fwd_mma_path picks them): file suffix -> template argument.
 FWD_TILE_KINDS = {"_notile": "FwdTile::kNone", "_sharedtile": "FwdTile::kShared"}
 FWD_TILE_KIND_HEAD_DIMS = [16, 32]
+# The fast dK/dV kernel compiled without tile-bias code (`kNoTile`, three blocks per SM) at these
+# head dims (dkdv_no_tile in launch_plan.h): "_notile" files.
+DKDV_NO_TILE_HEAD_DIMS = [32]
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
@@ -58,6 +61,9 @@ def main() -> None:
                     for suffix, fast in VARIANTS.items():
                         write_instantiation(out, f"{kernel}_{dname}_hdim{hd}{tag}{suffix}.cu", header,
                                             f"cudaError_t {fn}<{dtype}, {hd}, {garg}{fast}>{sig}", names)
+                if kernel == "bwd_dkdv" and hd in DKDV_NO_TILE_HEAD_DIMS:
+                    write_instantiation(out, f"bwd_dkdv_{dname}_hdim{hd}_fast_notile.cu", header,
+                                        f"cudaError_t {fn}<{dtype}, {hd}, true, true>{sig}", names)
                 if kernel == "fwd" and hd in FWD_TILE_KIND_HEAD_DIMS:
                     g = FWD_GROUPS[hd][0]
                     for suffix, kind in FWD_TILE_KINDS.items():

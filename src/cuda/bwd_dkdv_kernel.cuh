@@ -25,7 +25,7 @@
 
 namespace evoattn::cuda {
 
-template <typename Element, int kHeadDim, bool kFast>
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile>
 struct BwdKeyTraits {
   static constexpr int kBlockM = 64;  // queries per iteration
   static constexpr int kBlockN = 64;  // keys per block: 16 per warp
@@ -52,16 +52,19 @@ struct BwdKeyTraits {
                 "dkdv_smem_bytes counts this layout");
   // Three blocks per SM for head dim 16 (registers capped at 168), two up to 64: at three the
   // D = 32 loop spills, and on an H100 two unspilled blocks ran the backward 8-12% faster.
-  static constexpr int kMinBlocksPerSm = dkdv_blocks_per_sm(kHeadDim);
+  // Without tile-bias code the D = 32 loop fits 168 registers (its spills lie outside the
+  // query-tile loop), so that instantiation runs three.
+  static constexpr int kMinBlocksPerSm = dkdv_blocks_per_sm(kHeadDim, kNoTile);
   static_assert(kBlockM == kTile && kBlockN == kTile, "one tile shape for K, V, Q and dO: the plan's");
   static_assert(kSmemBytesFused <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-// kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out.
-template <typename Element, int kHeadDim, bool kFast>
-__global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::kMinBlocksPerSm)
+// kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out. kNoTile:
+// no bias varies along Lq (plan.tile_slots == 0), and the tile-bias code is compiled out.
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile>
+__global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kNoTile>::kMinBlocksPerSm)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
-  using T = BwdKeyTraits<Element, kHeadDim, kFast>;
+  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
   constexpr int kTileStride = T::kTileStride, kDsStride = T::kDsStride, kDqStride = T::kDqStride;
   constexpr int kQTiles = kBlockM / 8;   // 8-query column tiles of S^T
@@ -102,7 +105,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   // Row pointers are rebuilt from the parameters where used: kept live across the loops they
   // would push the D <= 32 variants past their 168 registers.
   const int64_t stats_row = bnh * p.Lq;
-  const bool has_tile = plan.tile_slots != 0, fast_tile = plan.tile_fast_slot >= 0;
+  const bool has_tile = !kNoTile && plan.tile_slots != 0;
+  const bool fast_tile = !kNoTile && plan.tile_fast_slot >= 0;
   const BiasFill fill = bias_fill_slice<T::kThreads>(false, tid, tid);
   // The running dQ of this (b, n, h): rows of plan.dq_width floats in a slot of the pool the
   // block holds while it runs. Thread 0 claims the first free slot from its SM's own
@@ -193,12 +197,18 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
         sDelta[tid] = next_delta;
       }
       if (accumulate_dq) {  // the running dQ of this query tile, needed after the scores
-        constexpr int kChunksPerRow = kHeadDim / 4;
-        for (int c = tid; c < kBlockM * kChunksPerRow; c += 128) {
-          const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 4;
-          const bool valid = i0 + r < p.Lq && col < plan.dq_width;
-          cp_async_16(sdQ + r * kDqStride + col,
-                      valid ? dq_accum + (i0 + r) * plan.dq_width + col : dq_accum, valid);
+        // A thread copies 4-float chunk `col` of rows r0, r0 + kRowsPerPass, ...: one 64-bit
+        // address per tile, not one per chunk.
+        constexpr int kChunksPerRow = kHeadDim / 4, kRowsPerPass = 128 / kChunksPerRow;
+        static_assert(128 % kChunksPerRow == 0 && kBlockM % kRowsPerPass == 0, "whole passes");
+        const int r0 = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 4;
+        const float* src = dq_accum + (i0 + r0) * plan.dq_width + col;
+        const int pass_stride = kRowsPerPass * plan.dq_width;
+        const bool col_ok = col < plan.dq_width;
+#pragma unroll 1
+        for (int k = 0; k < kBlockM / kRowsPerPass; ++k, src += pass_stride) {
+          const bool valid = col_ok && i0 + r0 + k * kRowsPerPass < p.Lq;
+          cp_async_16(sdQ + (r0 + k * kRowsPerPass) * kDqStride + col, valid ? src : dq_accum, valid);
         }
       }
       cp_async_commit();
@@ -334,11 +344,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
           for (int r = 0; r < 2; ++r) {
             const int64_t i = i0 + warp_row + g + 8 * r;
             if (i >= p.Lq) continue;
+            float* dst = dq_accum + i * plan.dq_width + 2 * t;
             for (int d = 0; d < kDTiles; ++d) {
-              const int c = d * 8 + 2 * t;
-              if (c < plan.dq_width) {
-                *reinterpret_cast<float2*>(dq_accum + i * plan.dq_width + c) =
-                    make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
+              if (d * 8 + 2 * t < plan.dq_width) {
+                *reinterpret_cast<float2*>(dst + d * 8) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
               }
             }
           }
@@ -365,10 +374,11 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast>::k
   }
 }
 
-template <typename Element, int kHeadDim, bool kFast>
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  using T = BwdKeyTraits<Element, kHeadDim, kFast>;
-  auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast>;
+  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile>;
+  if (kNoTile && plan.tile_slots != 0) return cudaErrorInvalidValue;  // dkdv_no_tile
+  auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile>;
   const size_t smem = plan.fuse_dq ? T::kSmemBytesFused : T::kSmemBytes;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);

@@ -120,8 +120,10 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
         sms <= 0 || cuda::dkdv_smem_bytes(head_dim_bucket(p.D), true) > allowed) {
       plan.fuse_dq = false;
     } else {
+      const int bucket = head_dim_bucket(p.D);
       plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(
-          cuda::dq_pool_rows(p), int64_t{sms} * cuda::dkdv_blocks_per_sm(head_dim_bucket(p.D))));
+          cuda::dq_pool_rows(p),
+          int64_t{sms} * cuda::dkdv_blocks_per_sm(bucket, cuda::dkdv_no_tile(p, bucket))));
     }
   }
   return plan;
@@ -185,7 +187,17 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
     plan.dq_slot_busy = reinterpret_cast<int*>(base + layout.dq_busy_offset);
     if (cudaError_t e = cudaMemsetAsync(plan.dq_slot_busy, 0, plan.dq_slots * sizeof(int), stream)) return e;
   }
-  if (cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream)) return e;
+  cudaError_t dkdv = cudaSuccess;
+  if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's DKDV_NO_TILE_HEAD_DIMS
+    if (cuda::dkdv_no_tile(p, kHeadDim)) {
+      dkdv = cuda::run_bwd_dkdv<Element, kHeadDim, true, true>(p, plan, stream);
+    } else {
+      dkdv = cuda::run_bwd_dkdv<Element, kHeadDim, true>(p, plan, stream);
+    }
+  } else {
+    dkdv = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream);
+  }
+  if (dkdv != cudaSuccess) return dkdv;
   for (int slot = plan.fuse_dq ? 0 : -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !p.dbias[slot].requested) continue;
     // No partials part (offset 0): the gradient is not chunked.

@@ -16,7 +16,8 @@ namespace evoattn::cuda {
 // The forward's kGroups: plan.fwd_groups (fwd_groups_for); kTile: FwdTile (launch_plan.h).
 template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
-template <typename Element, int kHeadDim, bool kFast>
+// The dK/dV kernel's kNoTile: compiled without tile-bias code (dkdv_no_tile).
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,

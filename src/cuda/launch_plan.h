@@ -189,8 +189,23 @@ constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq) {
 int64_t dq_pool_rows(const BwdParams& p);
 
 // dK/dV blocks an SM holds at most (register-bound: 168 registers at head dim 16, 255 up to 64,
-// one block of 255 at 128); also the kernel's __launch_bounds__ minimum.
-constexpr int dkdv_blocks_per_sm(int head_dim) { return head_dim <= 16 ? 3 : head_dim <= 64 ? 2 : 1; }
+// one block of 255 at 128); also the kernel's __launch_bounds__ minimum. `no_tile`: the
+// instantiation compiled without tile-bias code (dkdv_no_tile), whose D = 32 loop fits 168
+// registers unspilled.
+constexpr int dkdv_blocks_per_sm(int head_dim, bool no_tile) {
+  return head_dim <= 16 || (head_dim <= 32 && no_tile) ? 3 : head_dim <= 64 ? 2 : 1;
+}
+// Whether the fast backward runs the dK/dV kernel compiled without tile-bias code: head-dim
+// bucket 32 and no bias varying along Lq (MSA column attention's mask alone). Decided from the
+// bias descriptors' strides, not their data (LaunchPlan::tile_slots), as the workspace query
+// without data must decide it too: the running-dQ slots are counted for that kernel's three
+// blocks per SM, also where the generic kernel (two) runs. With data, stride.q != 0 is what
+// puts a slot in tile_slots.
+inline bool dkdv_no_tile(const FwdParams& p, int head_dim_bucket) {
+  bool tile = false;
+  for (const BiasParams& b : p.bias) tile = tile || b.stride.q != 0;
+  return head_dim_bucket == 32 && !tile;
+}
 // Query-side (dQ / bias-gradient) blocks an SM holds (168 registers up to head dim 32).
 constexpr int rows_blocks_per_sm(int head_dim) { return head_dim <= 32 ? 3 : head_dim <= 64 ? 2 : 1; }
 

@@ -45,6 +45,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_dkdv_fp16_hdim16_generic.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim32_fast.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim32_generic.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim32_fast_notile.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim64_fast.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim64_generic.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim128_fast.cu
@@ -53,6 +54,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_dkdv_bf16_hdim16_generic.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim32_fast.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim32_generic.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim32_fast_notile.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim64_fast.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim64_generic.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim128_fast.cu

@@ -36,6 +36,10 @@ std::vector<Case> grid() {
     // B N H = 512, more than the running-dQ slots a GPU holds (an H100: 396 at D = 16): blocks
     // reuse the slots of finished ones.
     cases.push_back(shape(1, 256, 2, 70, 72, 16, dt).biases("bn11k", "b1hqk").grads(false, true));
+    // No bias along Lq at head dim 17..32: the dK/dV kernel compiled without tile-bias code
+    // (three blocks per SM: 396 slots on an H100, fewer than these 512 blocks).
+    cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "").grads(true, false));
+    cases.push_back(shape(1, 256, 2, 70, 72, 24, dt));
   }
   Case scaled =
       shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk").grads(true, true);
