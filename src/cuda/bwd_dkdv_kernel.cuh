@@ -78,11 +78,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   Element* sdO = sQ + 2 * T::kSeqElems;  // [2 stages]
   float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
   float* sKey = sTile + kBlockM * kTileStride;
-  float* sRowMax = sKey + kBlockN;        // [kBlockM] row statistics of the query tile
-  float* sRowLogSum = sRowMax + kBlockM;  // [kBlockM]
-  float* sDelta = sRowLogSum + kBlockM;   // [kBlockM]
+  // [2 stages][Delta, row max, row log-sum][kBlockM]: the row statistics of Q and dO's rows.
+  float* sStats = sKey + kBlockN;
   // fuse_dq only (past kSmemBytes): dS^T and the running dQ of the query tile.
-  float* sdQ = sDelta + kBlockM;                            // [kBlockM][kDqStride]
+  float* sdQ = sStats + 2 * 3 * kBlockM;                    // [kBlockM][kDqStride]
   Element* sdS = reinterpret_cast<Element*>(sdQ + kBlockM * kDqStride);  // [kBlockN][kDsStride]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -131,10 +130,9 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
     dq_accum = plan.dq_accum + static_cast<int64_t>(*claimed) * p.Lq * plan.dq_width;
   }
 
-  // Q and dO of query tile `qt` into stage `s` (cp.async); its row statistics into registers
-  // of threads 0..63, stored at the top of the iteration that uses them. Rows past Lq get
-  // row_max = +inf: P = 0.
-  float next_max = 0.0f, next_log_sum = 0.0f, next_delta = 0.0f;
+  // Q and dO of query tile `qt` and their row statistics (threads 0..63) into stage `s`
+  // (cp.async). Rows past Lq get row_max = +inf (P = 0), stored directly: the stage is not read
+  // before the barrier that waits for the copies.
   using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
   auto load_query_tile = [&](int qt, int s) {
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
@@ -144,12 +142,18 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
     do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_do), tid);
     if (tid < kBlockM) {
       const int64_t i = i0 + tid;
-      const float* delta = static_cast<const float*>(p.workspace) + stats_row;
-      const float* row_max = delta + num_rows(p);
-      const float* row_log_sum = row_max + num_rows(p);
-      next_max = i < p.Lq ? row_max[i] : -neg_inf();
-      next_log_sum = i < p.Lq ? row_log_sum[i] : 0.0f;
-      next_delta = i < p.Lq ? delta[i] : 0.0f;
+      float* dst = sStats + s * 3 * kBlockM + tid;
+      if (i < p.Lq) {
+        const float* delta = static_cast<const float*>(p.workspace) + stats_row + i;
+        const int64_t rows = num_rows(p);
+        cp_async_4(dst, delta, true);
+        cp_async_4(dst + kBlockM, delta + rows, true);
+        cp_async_4(dst + 2 * kBlockM, delta + 2 * rows, true);
+      } else {
+        dst[0] = 0.0f;
+        dst[kBlockM] = -neg_inf();
+        dst[2 * kBlockM] = 0.0f;
+      }
     }
   };
   load_query_tile(0, 0);
@@ -190,11 +194,6 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
         prefetch.store(sTile, kTileStride, fill);
       } else if (!kFast && has_tile) {
         fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
-      }
-      if (tid < kBlockM) {
-        sRowMax[tid] = next_max;
-        sRowLogSum[tid] = next_log_sum;
-        sDelta[tid] = next_delta;
       }
       if (accumulate_dq) {  // the running dQ of this query tile, needed after the scores
         // A thread copies 4-float chunk `col` of rows r0, r0 + kRowsPerPass, ...: one 64-bit
@@ -256,14 +255,16 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
 
       // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
       const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
-      const float* dlt = sDelta;
+      const float* dlt = sStats + stage * 3 * kBlockM;
+      const float* row_max = dlt + kBlockM;
+      const float* row_log_sum = dlt + 2 * kBlockM;
       for (int nt = 0; nt < kQTiles; ++nt) {
         for (int e = 0; e < 4; ++e) {
           const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
           // Key biases are stored times log2(e); the tile in natural units.
           const float tile = has_tile ? sTile[query * kTileStride + key] : 0.0f;
           const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
-          const float prob = exp2_approx((x - sRowMax[query]) - sRowLogSum[query]);
+          const float prob = exp2_approx((x - row_max[query]) - row_log_sum[query]);
           s[nt][e] = prob;
           dp[nt][e] = prob * (dp[nt][e] - dlt[query]);
         }
