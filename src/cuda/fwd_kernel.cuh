@@ -49,7 +49,7 @@ struct FwdTraits {
   // kernel). kKeysInTwoWarps: two warps of a group load the key biases, one key
   // per lane, and the other two skip that (~40 instructions a tile); balanced is better where
   // a barrier waits on the slowest warp with no spare warp to fill the gap: D = 16 5% faster,
-  // D = 32 +8% on apb768, D = 64 +6%; the D = 32 shared-tile kernels take it too (see there).
+  // D = 32 +8% on apb768, D = 64 +6%; the D = 32 kernels for one tile kind take it too (see there).
   static constexpr bool kLeanTile = kHeadDim != 32;
   static constexpr bool kKeysInTwoWarps = kHeadDim <= 16;
   static constexpr int kRowStride = kHeadDim + 8;
@@ -171,9 +171,10 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   const BiasFill fill = bias_fill_slice<T::kThreads>(shared_tile, tid, group_tid);
   const bool vec_q = kFast || plan.vec_q, vec_k = kFast || plan.vec_k, vec_v = kFast || plan.vec_v;
   // Key-bias loaders: 16 lanes of each of the group's 4 warps, or all lanes of its first two.
-  // Also in the shared-tile kernels (H100, same-run A/B at D = 32: b4tri384 forward 1.079 ->
-  // 1.047 ms, tri768 1.99 -> 1.90, msarow 0.352 -> 0.339).
-  constexpr bool kKeysInTwoWarps = T::kKeysInTwoWarps || kSharedTile;
+  // Also in the kernels compiled for one tile kind (H100, same-run A/Bs at D = 32: shared tile,
+  // b4tri384 forward 1.079 -> 1.047 ms, tri768 1.99 -> 1.90, msarow 0.352 -> 0.339; no tile,
+  // msacol 0.488 -> 0.451).
+  constexpr bool kKeysInTwoWarps = T::kKeysInTwoWarps || kSharedTile || kNoTile;
   const int key_slot = kKeysInTwoWarps ? (warp % 4) * 32 + lane : (warp % 4) * 16 + lane;
   const bool key_filler = kKeysInTwoWarps ? warp % 4 < 2 : lane < 16;
 
