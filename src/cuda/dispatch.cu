@@ -67,7 +67,7 @@ cudaError_t with_head_dim(int D, Launch&& launch) {
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_fwd_groups(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   if constexpr (kHeadDim <= 32) {
-    return cuda::run_fwd<Element, kHeadDim, 2, kFast>(p, plan, stream);
+    return cuda::run_fwd<Element, kHeadDim, cuda::kSmallHeadDimFwdGroups, kFast>(p, plan, stream);
   } else {
     if constexpr (kHeadDim == 64) {
       if (plan.fwd_groups == 3) return cuda::run_fwd<Element, kHeadDim, 3, kFast>(p, plan, stream);
@@ -85,11 +85,12 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, cudaStream_
     // (gen_instantiations.py's FWD_TILE_KINDS).
     if constexpr (kFast && kHeadDim <= 32) {
       using cuda::FwdTile;
+      constexpr int kGroups = cuda::kSmallHeadDimFwdGroups;
       if (plan.tile_slots == 0) {
-        return cuda::run_fwd<Element, kHeadDim, 2, true, FwdTile::kNone>(p, plan, stream);
+        return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kNone>(p, plan, stream);
       }
       if (cuda::fwd_shared_tile(plan)) {
-        return cuda::run_fwd<Element, kHeadDim, 2, true, FwdTile::kShared>(p, plan, stream);
+        return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, plan, stream);
       }
     }
     return run_fwd_groups<Element, kHeadDim, kFast>(p, plan, stream);

@@ -160,8 +160,9 @@ inline bool fwd_shared_tile(const LaunchPlan& plan) {
 // one SM, 195 KB: the H100; two groups left the latency-bound loop eight), else two (130 KB: the
 // A100), else one (sm_86/89); at 128 two (211 KB: the H100), else one (121.5 KB: the A100).
 // tools/gen_instantiations.py's FWD_GROUPS instantiates these counts.
+constexpr int kSmallHeadDimFwdGroups = 2;  // head dim <= 32, on every GPU
 constexpr int fwd_groups_for(int head_dim, size_t smem) {
-  if (head_dim <= 32) return 2;
+  if (head_dim <= 32) return kSmallHeadDimFwdGroups;
   const int most = head_dim == 64 ? 3 : 2;
   for (int groups = most; groups > 1; --groups) {
     if (fwd_smem_bytes(head_dim, groups) <= smem) return groups;
