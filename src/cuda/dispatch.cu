@@ -188,17 +188,15 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
     plan.dq_slot_busy = reinterpret_cast<int*>(base + layout.dq_busy_offset);
     if (cudaError_t e = cudaMemsetAsync(plan.dq_slot_busy, 0, plan.dq_slots * sizeof(int), stream)) return e;
   }
-  cudaError_t dkdv = cudaSuccess;
-  if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's DKDV_NO_TILE_HEAD_DIMS
-    if (cuda::dkdv_no_tile(p, kHeadDim)) {
-      dkdv = cuda::run_bwd_dkdv<Element, kHeadDim, true, true>(p, plan, stream);
-    } else {
-      dkdv = cuda::run_bwd_dkdv<Element, kHeadDim, true>(p, plan, stream);
+  auto run_dkdv = [&] {
+    if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's DKDV_NO_TILE_HEAD_DIMS
+      if (cuda::dkdv_no_tile(p, kHeadDim)) {
+        return cuda::run_bwd_dkdv<Element, kHeadDim, true, true>(p, plan, stream);
+      }
     }
-  } else {
-    dkdv = cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream);
-  }
-  if (dkdv != cudaSuccess) return dkdv;
+    return cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream);
+  };
+  if (cudaError_t e = run_dkdv()) return e;
   for (int slot = plan.fuse_dq ? 0 : -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !p.dbias[slot].requested) continue;
     // No partials part (offset 0): the gradient is not chunked.

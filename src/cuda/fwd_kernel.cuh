@@ -150,11 +150,12 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // The groups read one bias tile when it cannot differ between them (an idle group takes a
   // real item's n, so also when kGroups does not divide N).
   constexpr bool kNoTile = kTile == FwdTile::kNone, kSharedTile = kTile == FwdTile::kShared;
+  constexpr bool kOneTileKind = kTile != FwdTile::kAny;
   const bool shared_tile = kSharedTile || (plan.pair_over_n && plan.tile_shared_over_n);
   // kLean: FwdTraits::kLeanTile's cuts, also at D = 32 in the kernels compiled for one tile
   // kind: with no predicated tile reads they cost that loop no spills (H100: msarow forward
   // 0.360 -> 0.353 ms, b4tri384 1.11 -> 1.08).
-  constexpr bool kLean = T::kLeanTile || kSharedTile || kNoTile;
+  constexpr bool kLean = T::kLeanTile || kOneTileKind;
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // Also in the kernels compiled for one tile kind (H100, same-run A/Bs at D = 32: shared tile,
   // b4tri384 forward 1.079 -> 1.047 ms, tri768 1.99 -> 1.90, msarow 0.352 -> 0.339; no tile,
   // msacol 0.488 -> 0.451).
-  constexpr bool kKeysInTwoWarps = T::kKeysInTwoWarps || kSharedTile || kNoTile;
+  constexpr bool kKeysInTwoWarps = T::kKeysInTwoWarps || kOneTileKind;
   const int key_slot = kKeysInTwoWarps ? (warp % 4) * 32 + lane : (warp % 4) * 16 + lane;
   const bool key_filler = kKeysInTwoWarps ? warp % 4 < 2 : lane < 16;
 

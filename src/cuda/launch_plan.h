@@ -175,8 +175,9 @@ constexpr int fwd_groups_for(int head_dim, size_t smem) {
 void set_fwd_groups(LaunchPlan& plan, const FwdParams& p, int groups);
 
 // Shared memory of the 16-bit dK/dV kernel for a head-dim bucket (BwdKeyTraits): K, V, two
-// stages of Q, dO and their row statistics, the float bias tile and key biases; with `fused_dq` also
-// dS^T (64 x 72 elements) and the running dQ of a query tile (64 x (bucket + 8) floats).
+// stages of Q, dO and their row statistics, the float bias tile and key biases; with
+// `fused_dq` also dS^T (64 x 72 elements) and the running dQ of a query tile (64 x (bucket + 8)
+// floats).
 constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq) {
   const size_t seq = size_t{kTile} * (head_dim + 8) * 2;
   const size_t base = 6 * seq + (size_t{kTile} * (kTile + 4) + kTile + 2 * 3 * kTile) * sizeof(float);
