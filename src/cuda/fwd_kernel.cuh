@@ -9,7 +9,8 @@
 //     S  = Q K^T                      (per warp 16 x 64, fp32 accumulators)
 //     S2 = S * scale*log2(e) + (tile bias + key bias) * log2(e)     (log2 domain)
 //     m: a row's reference max, moved only when the tile's max passes it by more than
-//        kRescaleSlack (online_softmax_lazy); P = 2^(S2 - m); O += P V, l += rowsum P
+//        kRescaleSlack (online_softmax_lazy; per 32-key span where kSoftmaxSpans = 2);
+//        P = 2^(S2 - m); O += P V, l += rowsum P
 //   O /= l; LSE = (m + log2 l) ln 2      (l = 0: fully masked row -> O = 0, LSE = -inf)
 #pragma once
 
@@ -72,6 +73,18 @@ struct FwdTraits {
                 "pair_over_k hands groups 1.. their partial results over the K buffer");
 };
 
+
+// Two or four partial row maxima (kMax) or sums, combined as a tree.
+template <bool kMax, int kPartials>
+__device__ __forceinline__ float combine_partials(const float (&x)[kPartials]) {
+  auto op = [](float a, float b) { return kMax ? fmaxf(a, b) : a + b; };
+  if constexpr (kPartials == 2) {
+    return op(x[0], x[1]);
+  } else {
+    static_assert(kPartials == 4, "two or four partials");
+    return op(op(x[0], x[1]), op(x[2], x[3]));
+  }
+}
 
 // kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out. kTile:
 // the tile bias it is compiled for (FwdTile); kNone compiles the tile code out.
@@ -156,6 +169,11 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // kind: with no predicated tile reads they cost that loop no spills (H100: msarow forward
   // 0.360 -> 0.353 ms, b4tri384 1.11 -> 1.08).
   constexpr bool kLean = T::kLeanTile || kOneTileKind;
+  // The online softmax in two spans of 32 keys where registers allow: head dim <= 16 and the
+  // D = 32 kernel without tile code (H100, same-run A/B: extramsa and template forward 5%
+  // faster, msacol 1.4%); the D = 32 shared-tile kernel spilled more and ran 3% slower, D = 64
+  // 1% slower.
+  constexpr int kSoftmaxSpans = kHeadDim <= 16 || kNoTile ? 2 : 1;
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
@@ -284,60 +302,62 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
         }
       }
 
-      // Scores in the log2 domain, then the online softmax on rows g and g + 8. Row maxima and
-      // sums gather in four independent partials per row (short dependency chains: the loop is
-      // latency-bound), combined as a tree.
-      // kLean: the first four column tiles start the partials.
-      static_assert(kNTiles >= 4, "four partials per row");
+      // Scores in the log2 domain, then the online softmax on rows g and g + 8 (kSoftmaxSpans
+      // times a tile: a second span's scores and max overlap the first's exponentials and P V).
+      // Row maxima and sums gather in kPartials independent partials per row (short dependency
+      // chains: the loop is latency-bound), combined as a tree; kLean: the first column tiles
+      // start them.
       constexpr TileRead kTileRead = kNoTile ? TileRead::kNone
                                      : T::kLeanTile ? TileRead::kAlways : TileRead::kIfPresent;
-      float part_max[2][4];
-      for (int r = 0; r < 2; ++r)
-        for (int k = 0; k < 4; ++k) part_max[r][k] = neg_inf();
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        scores_log2<kTileStride, kTileRead>(s[nt], nt * 8 + 2 * t, keys,
-                                            tile + (warp_row + g) * kTileStride, has_tile,
-                                            p.scale_log2);
-        for (int r = 0; r < 2; ++r) {
-          const float m = fmaxf(s[nt][2 * r], s[nt][2 * r + 1]);
-          part_max[r][nt % 4] = kLean && nt < 4 ? m : fmaxf(part_max[r][nt % 4], m);
-        }
-      }
-      float m_use[2], tile_max[2];
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(fmaxf(part_max[r][0], part_max[r][1]), fmaxf(part_max[r][2], part_max[r][3]));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      }
-      online_softmax_lazy(tile_max, row_max, row_sum, acc_o, m_use);
-      // Row sums in float32 from the unrounded P: the LSE the backward recomputes P from must
-      // be float32-accurate (summing the 16-bit P, on the tensor cores, cost 2^-9 relative:
-      // bias gradients that cancel over rows failed the bf16 bound).
-      float part_sum[2][4] = {};
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = exp2_approx(s[nt][e] - m_use[e / 2]);
-          float& part = part_sum[e / 2][nt % 4];
-          part = kLean && nt < 4 && e % 2 == 0 ? s[nt][e] : part + s[nt][e];
-        }
-      }
-      for (int r = 0; r < 2; ++r) {
-        row_sum[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
-      }
-
-      // O += P V, P straight from the S accumulators (their layout is the A-fragment layout).
       const Element* Vs = myV + stage * kBlockN * kRowStride;
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint32_t a[4] = {pack2<Element>(s[2 * kk][0], s[2 * kk][1]),
-                               pack2<Element>(s[2 * kk][2], s[2 * kk][3]),
-                               pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
-          uint32_t vf[4];
-          const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          ldmatrix_x4_trans(vf, Vs + key * kRowStride + dp * 16 + (lane >> 4) * 8);
-          mma_16816<Element>(acc_o[2 * dp], a, {vf[0], vf[1]});
-          mma_16816<Element>(acc_o[2 * dp + 1], a, {vf[2], vf[3]});
+      constexpr int kSpan = kNTiles / kSoftmaxSpans, kPartials = kSpan / 2;
+      static_assert(kPartials == 2 || kPartials == 4, "two or four partials per row");
+      for (int span = 0; span < kSoftmaxSpans; ++span) {
+        const int nt0 = span * kSpan;
+        float part_max[2][kPartials];
+        for (int r = 0; r < 2; ++r)
+          for (int k = 0; k < kPartials; ++k) part_max[r][k] = neg_inf();
+        for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
+          scores_log2<kTileStride, kTileRead>(s[nt], nt * 8 + 2 * t, keys,
+                                              tile + (warp_row + g) * kTileStride, has_tile,
+                                              p.scale_log2);
+          for (int r = 0; r < 2; ++r) {
+            const float m = fmaxf(s[nt][2 * r], s[nt][2 * r + 1]);
+            float& part = part_max[r][nt % kPartials];
+            part = kLean && nt < nt0 + kPartials ? m : fmaxf(part, m);
+          }
+        }
+        float m_use[2], local_max[2];
+        for (int r = 0; r < 2; ++r) {
+          local_max[r] = combine_partials<true>(part_max[r]);
+        }
+        online_softmax_lazy(local_max, row_max, row_sum, acc_o, m_use);
+        // Row sums in float32 from the unrounded P: the LSE the backward recomputes P from must
+        // be float32-accurate (summing the 16-bit P, on the tensor cores, cost 2^-9 relative:
+        // bias gradients that cancel over rows failed the bf16 bound).
+        float part_sum[2][kPartials] = {};
+        for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
+          for (int e = 0; e < 4; ++e) {
+            s[nt][e] = exp2_approx(s[nt][e] - m_use[e / 2]);
+            float& part = part_sum[e / 2][nt % kPartials];
+            part = kLean && nt < nt0 + kPartials && e % 2 == 0 ? s[nt][e] : part + s[nt][e];
+          }
+        }
+        for (int r = 0; r < 2; ++r) row_sum[r] += combine_partials<false>(part_sum[r]);
+
+        // O += P V, P straight from the S accumulators (their layout is the A-fragment layout).
+        for (int kk = nt0 / 2; kk < (nt0 + kSpan) / 2; ++kk) {
+          const uint32_t a[4] = {pack2<Element>(s[2 * kk][0], s[2 * kk][1]),
+                                 pack2<Element>(s[2 * kk][2], s[2 * kk][3]),
+                                 pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                 pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+          for (int dp = 0; dp < kDTiles / 2; ++dp) {
+            uint32_t vf[4];
+            const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            ldmatrix_x4_trans(vf, Vs + key * kRowStride + dp * 16 + (lane >> 4) * 8);
+            mma_16816<Element>(acc_o[2 * dp], a, {vf[0], vf[1]});
+            mma_16816<Element>(acc_o[2 * dp + 1], a, {vf[2], vf[3]});
+          }
         }
       }
       if (!double_buffer) __syncthreads();

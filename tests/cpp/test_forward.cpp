@@ -72,6 +72,12 @@ std::vector<Case> grid() {
     scaled16.scale = scale;
     cases.push_back(scaled16);
   }
+  // The same on the kernel compiled for a shared pair-bias tile (512 items, paired over n).
+  for (double scale : {-0.5, 1e5, 1e-6}) {
+    Case shared = shape(1, 64, 4, 70, 72, 32, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk");
+    shared.scale = scale;
+    cases.push_back(shared);
+  }
   return cases;
 }
 
