@@ -7,8 +7,9 @@
 //     dS^T = P^T (dP^T - Delta)
 //     dV  += P^T dO,  dK += dS^T Q                      (P^T, dS^T reused as A operands)
 //     fuse_dq: dQ(query tile) += dS K                   (dS^T through shared memory; per warp
-//              16 queries; the running sum in the float32 workspace plan.dq_accum between key
-//              tiles, the last key tile writes dQ)
+//              16 queries; the running sum between key tiles in shared memory where it fits
+//              (plan.dq_in_smem), else in the float32 workspace plan.dq_accum; the last key
+//              tile writes dQ)
 //   dK *= scale, dQ *= scale. Each block owns its rows of dK and dV, and with fuse_dq the dQ of
 //   its (b, n, h), added in key-tile order: no atomics, deterministic.
 #pragma once
@@ -34,22 +35,28 @@ struct BwdKeyTraits {
   // The bias tile is [query][key] but read transposed (rows = keys): a stride of 68 = 4 (mod 16)
   // words puts the four query columns 2t of a quad 8 banks apart.
   static constexpr int kTileStride = kBlockN + 4;
+  static constexpr int kTileFloats = kNoTile ? 0 : kBlockM * kTileStride;
   static constexpr int kSeqElems = kBlockN * kRowStride;  // one K, V, Q or dO tile
   // dS^T [key][query] for the dQ product: 72 elements = 36 words, so a quad's rows g land 4
-  // banks apart. The running dQ of the query tile [query][d]: kHeadDim + 8 = 8 (mod 32) words,
-  // conflict-free 8-byte fragment reads.
+  // banks apart. The running dQ [query][d] has unpadded rows (all of Lq may be resident) whose
+  // 8-float chunks are swizzled (dq_chunk): conflict-free 8-byte fragment accesses.
   static constexpr int kDsStride = kBlockM + 8;
-  static constexpr int kDqStride = kHeadDim + 8;
   // dQ in this kernel (LaunchPlan::fuse_dq) up to head dim 64: at 128 its 64 more accumulators
   // spill the loop.
   static constexpr bool kFusesDq = kHeadDim <= kMaxFusedDqHeadDim;
   // Without fuse_dq the launch leaves off the dS^T and running-dQ buffers at the end, so an
   // unfused dK/dV still fits a GPU with less shared memory than the fused one needs.
-  static constexpr size_t kSmemBytes = dkdv_smem_bytes(kHeadDim, false);
-  static constexpr size_t kSmemBytesFused = dkdv_smem_bytes(kHeadDim, kFusesDq);
+  static constexpr size_t kSmemBytes = dkdv_smem_bytes(kHeadDim, false, kNoTile);
+  static constexpr size_t kSmemBytesFused = dkdv_smem_bytes(kHeadDim, kFusesDq, kNoTile);
   static_assert(sizeof(Element) == 2 && kBlockM == kTile && kBlockN == kTile &&
                     kTileStride == kTile + 4 && kDsStride == kTile + 8,
                 "dkdv_smem_bytes counts this layout");
+  // Chunk `d` (8 floats) of running-dQ row `r` sits at chunk dq_chunk(r, d) of the row: a
+  // half-warp's rows g = 0..3 (same d) then fall in four distinct 8-bank groups.
+  static constexpr int kDTiles = kHeadDim / 8;
+  __device__ static int dq_chunk(int r, int d) {
+    return kDTiles >= 4 ? d ^ (r & 3) : d ^ ((r >> 1) & 1);
+  }
   // Three blocks per SM for head dim 16 (registers capped at 168), two up to 64: at three the
   // D = 32 loop spills, and on an H100 two unspilled blocks ran the backward 8-12% faster.
   // Without tile-bias code the D = 32 loop fits 168 registers (its spills lie outside the
@@ -66,7 +73,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
     bwd_dkdv_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
   using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
-  constexpr int kTileStride = T::kTileStride, kDsStride = T::kDsStride, kDqStride = T::kDqStride;
+  constexpr int kTileStride = T::kTileStride, kDsStride = T::kDsStride;
   constexpr int kQTiles = kBlockM / 8;   // 8-query column tiles of S^T
   constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of dK, dV, dQ
   constexpr int kKSteps = kHeadDim / 16;
@@ -77,12 +84,13 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   Element* sQ = sV + T::kSeqElems;   // [2 stages]
   Element* sdO = sQ + 2 * T::kSeqElems;  // [2 stages]
   float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
-  float* sKey = sTile + kBlockM * kTileStride;
+  float* sKey = sTile + T::kTileFloats;
   // [2 stages][Delta, row max, row log-sum][kBlockM]: the row statistics of Q and dO's rows.
   float* sStats = sKey + kBlockN;
-  // fuse_dq only (past kSmemBytes): dS^T and the running dQ of the query tile.
-  float* sdQ = sStats + 2 * 3 * kBlockM;                    // [kBlockM][kDqStride]
-  Element* sdS = reinterpret_cast<Element*>(sdQ + kBlockM * kDqStride);  // [kBlockN][kDsStride]
+  // fuse_dq only (past kSmemBytes): dS^T [kBlockN][kDsStride], then the running dQ: of the
+  // query tile [kBlockM][kHeadDim], or with plan.dq_in_smem of all query tiles.
+  Element* sdS = reinterpret_cast<Element*>(sStats + 2 * 3 * kBlockM);
+  float* sdQ = reinterpret_cast<float*>(sdS + kBlockN * kDsStride);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
@@ -115,7 +123,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   // Which slot a block gets does not change any result: its first key tile writes the slot
   // before anything reads it.
   float* dq_accum = nullptr;
-  if (fuse_dq && plan.dq_accum != nullptr) {
+  const bool dq_in_smem = fuse_dq && plan.dq_in_smem;
+  if (fuse_dq && !dq_in_smem && plan.dq_accum != nullptr) {
     int* claimed = reinterpret_cast<int*>(sdS);  // dS^T is first stored after a barrier
     if (tid == 0) {
       int slot = static_cast<int>(sm_id() * T::kMinBlocksPerSm % plan.dq_slots);
@@ -195,19 +204,22 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       } else if (!kFast && has_tile) {
         fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
       }
-      if (accumulate_dq) {  // the running dQ of this query tile, needed after the scores
+      if (accumulate_dq && !dq_in_smem) {  // the query tile's running dQ, needed after the scores
         // A thread copies 4-float chunk `col` of rows r0, r0 + kRowsPerPass, ...: one 64-bit
-        // address per tile, not one per chunk.
+        // address per tile, not one per chunk. (kRowsPerPass is a multiple of 4: the rows'
+        // swizzle is the same.)
         constexpr int kChunksPerRow = kHeadDim / 4, kRowsPerPass = 128 / kChunksPerRow;
-        static_assert(128 % kChunksPerRow == 0 && kBlockM % kRowsPerPass == 0, "whole passes");
+        static_assert(128 % kChunksPerRow == 0 && kBlockM % kRowsPerPass == 0 && kRowsPerPass % 4 == 0,
+                      "whole passes");
         const int r0 = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 4;
         const float* src = dq_accum + (i0 + r0) * plan.dq_width + col;
+        float* dst = sdQ + r0 * kHeadDim + T::dq_chunk(r0, col / 8) * 8 + col % 8;
         const int pass_stride = kRowsPerPass * plan.dq_width;
         const bool col_ok = col < plan.dq_width;
 #pragma unroll 1
         for (int k = 0; k < kBlockM / kRowsPerPass; ++k, src += pass_stride) {
           const bool valid = col_ok && i0 + r0 + k * kRowsPerPass < p.Lq;
-          cp_async_16(sdQ + (r0 + k * kRowsPerPass) * kDqStride + col, valid ? src : dq_accum, valid);
+          cp_async_16(dst + k * kRowsPerPass * kHeadDim, valid ? src : dq_accum, valid);
         }
       }
       cp_async_commit();
@@ -310,14 +322,16 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
           cp_async_wait<0>();
         }
         __syncthreads();  // every warp's dS^T and the running dQ are in shared memory
+        // This thread's running-dQ elements: rows warp_row + g (+8), columns 8 d + 2t (+1);
+        // only it reads and writes them where all of Lq is resident.
+        float* const my_dq = sdQ + ((dq_in_smem ? i0 : 0) + warp_row + g) * kHeadDim + 2 * t;
+        auto dq_at = [&](int r, int d) {
+          return reinterpret_cast<float2*>(my_dq + r * 8 * kHeadDim + T::dq_chunk(g, d) * 8);
+        };
         float acc_dq[kDTiles][4];
         for (int d = 0; d < kDTiles; ++d) {
-          const float2 prev = accumulate_dq
-              ? *reinterpret_cast<const float2*>(sdQ + (warp_row + g) * kDqStride + d * 8 + 2 * t)
-              : make_float2(0.0f, 0.0f);
-          const float2 prev8 = accumulate_dq
-              ? *reinterpret_cast<const float2*>(sdQ + (warp_row + g + 8) * kDqStride + d * 8 + 2 * t)
-              : make_float2(0.0f, 0.0f);
+          const float2 prev = accumulate_dq ? *dq_at(0, d) : make_float2(0.0f, 0.0f);
+          const float2 prev8 = accumulate_dq ? *dq_at(1, d) : make_float2(0.0f, 0.0f);
           acc_dq[d][0] = prev.x;
           acc_dq[d][1] = prev.y;
           acc_dq[d][2] = prev8.x;
@@ -341,6 +355,9 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
                         h * p.dq_stride.h;
           store_acc_rows<Element, kDTiles>(acc_dq, dq, p.dq_stride.l, p.dq_stride.d,
                                            i0 + warp_row, p.Lq, p.D, plan.pairs_dq, lane, scale);
+        } else if (dq_in_smem) {
+          for (int r = 0; r < 2; ++r)
+            for (int d = 0; d < kDTiles; ++d) *dq_at(r, d) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
         } else {
           for (int r = 0; r < 2; ++r) {
             const int64_t i = i0 + warp_row + g + 8 * r;
@@ -380,7 +397,9 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
   using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile>;
   if (kNoTile && plan.tile_slots != 0) return cudaErrorInvalidValue;  // dkdv_no_tile
   auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile>;
-  const size_t smem = plan.fuse_dq ? T::kSmemBytesFused : T::kSmemBytes;
+  const size_t smem = !plan.fuse_dq    ? T::kSmemBytes
+                      : plan.dq_in_smem ? dkdv_smem_bytes(kHeadDim, true, kNoTile, int64_t{plan.q_tiles} * kTile)
+                                        : T::kSmemBytesFused;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
   kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);

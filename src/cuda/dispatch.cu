@@ -107,6 +107,24 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
                                    : fwd_mma_path<Element, false>(p, plan, stream);
 }
 
+// Whether the fused dK/dV kernel that runs for `plan` keeps its whole running dQ in shared
+// memory (LaunchPlan::dq_in_smem): where that fits two blocks per SM. Per SM counts at most one
+// block's `allowed` (so a smaller GPU modelled by EVOATTN_MAX_SMEM_PER_BLOCK, whose SM holds
+// about one block's worth, decides as that GPU would).
+bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
+  const int bucket = head_dim_bucket(p.D);
+  // The instantiation without tile-bias code (run_dkdv below) leaves out the bias tile.
+  const bool no_tile = cuda::bwd_fast_path(plan) && bucket == 32 && cuda::dkdv_no_tile(p, bucket);
+  const size_t bytes = cuda::dkdv_smem_bytes(bucket, true, no_tile, int64_t{plan.q_tiles} * cuda::kTile);
+  int per_sm = 0, reserved = 0;
+  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, p.device) != cudaSuccess) {
+    return false;
+  }
+  const size_t sm_bytes = std::min<size_t>(static_cast<size_t>(per_sm), allowed + reserved);
+  return bytes <= allowed && 2 * (bytes + reserved) <= sm_bytes;
+}
+
 // The backward's launch plan: the dK/dV kernel computes dQ only where its larger shared
 // memory fits this GPU (at D = 64 it needs 99 KB, exactly what RTX 30/40 and L40 allow).
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
@@ -125,6 +143,7 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
       plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(
           cuda::dq_pool_rows(p),
           int64_t{sms} * cuda::dkdv_blocks_per_sm(bucket, cuda::dkdv_no_tile(p, bucket))));
+      plan.dq_in_smem = plan.k_tiles > 1 && dq_fits_smem(p, plan, allowed);
     }
   }
   return plan;
@@ -166,7 +185,7 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
     return at;
   };
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
-    if (plan.fuse_dq && plan.k_tiles > 1) {
+    if (plan.fuse_dq && plan.k_tiles > 1 && !plan.dq_in_smem) {
       w.dq_accum_offset = place(static_cast<size_t>(plan.dq_slots * p.Lq) * plan.dq_width * sizeof(float));
       w.dq_busy_offset = place(static_cast<size_t>(plan.dq_slots) * sizeof(int));
     }

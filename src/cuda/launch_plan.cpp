@@ -136,6 +136,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
 LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
   LaunchPlan plan = make_launch_plan(static_cast<const FwdParams&>(p), block_m, block_n);
   plan.fuse_dq = fuse_dq_by_shape(p);
+  plan.dq_in_smem = false;  // the dispatcher decides it for the GPU
   plan.dq_width = static_cast<int32_t>(dq_row_floats(p));  // dq_accum: the dispatcher places it
   plan.vec_do = rows_vectorizable(p.d_o, p.do_stride, p.D, p.dtype);
   plan.vec_o = rows_vectorizable(p.o, p.o_stride, p.D, p.dtype);

@@ -86,6 +86,9 @@ struct LaunchPlan {
   // kernel): one per block the GPU can hold, not one per (b, n, h), so SPEC's workspace bound
   // holds without a dQ-sized buffer.
   bool fuse_dq;
+  // The running dQ of the block's whole (b, n, h) in shared memory instead of dq_accum, where
+  // it fits with two blocks per SM (bwd_launch_plan): no running-dQ traffic, no slot.
+  bool dq_in_smem;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x dkdv_blocks_per_sm) >= 1: bwd_launch_plan
@@ -175,13 +178,17 @@ constexpr int fwd_groups_for(int head_dim, size_t smem) {
 void set_fwd_groups(LaunchPlan& plan, const FwdParams& p, int groups);
 
 // Shared memory of the 16-bit dK/dV kernel for a head-dim bucket (BwdKeyTraits): K, V, two
-// stages of Q, dO and their row statistics, the float bias tile and key biases; with
-// `fused_dq` also dS^T (64 x 72 elements) and the running dQ of a query tile (64 x (bucket + 8)
-// floats).
-constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq) {
+// stages of Q, dO and their row statistics, the float bias tile (not in the instantiation
+// without tile-bias code, `no_tile`) and key biases; with `fused_dq` also dS^T (64 x 72
+// elements) and the running dQ (floats, rows of the bucket): of one query tile (64 rows,
+// `dq_rows` = 0), or of all `dq_rows` query rows (LaunchPlan::dq_in_smem).
+constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq, bool no_tile = false,
+                                 int64_t dq_rows = 0) {
   const size_t seq = size_t{kTile} * (head_dim + 8) * 2;
-  const size_t base = 6 * seq + (size_t{kTile} * (kTile + 4) + kTile + 2 * 3 * kTile) * sizeof(float);
-  const size_t fused = size_t{kTile} * (kTile + 8) * 2 + size_t{kTile} * (head_dim + 8) * sizeof(float);
+  const size_t tile = no_tile ? 0 : size_t{kTile} * (kTile + 4);
+  const size_t base = 6 * seq + (tile + kTile + 2 * 3 * kTile) * sizeof(float);
+  const size_t rows = dq_rows > 0 ? static_cast<size_t>(dq_rows) : size_t{kTile};
+  const size_t fused = size_t{kTile} * (kTile + 8) * 2 + rows * head_dim * sizeof(float);
   return base + (fused_dq ? fused : 0);
 }
 

@@ -26,15 +26,17 @@ std::vector<Case> grid() {
     // Lk % 8 == 0 with biases in the input dtype: the CUDA kernels' fast path.
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(1, 8, 2, 64, 64, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
-    // B N H >= 256: the CUDA dK/dV kernel computes dQ too, summing over key tiles in the
-    // workspace (one key tile: straight to dq; one query tile: the sum re-read at once).
+    // B N H >= 256: the CUDA dK/dV kernel computes dQ too, summing over key tiles in shared
+    // memory where all of Lq fits (on an H100 all of these but D = 64), else in the workspace
+    // (SmallGpuVariants runs those on smaller GPUs' budgets; one key tile: straight to dq; one
+    // query tile: the sum re-read at once).
     cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(1, 32, 8, 70, 50, 24, dt).biases("bn11k", "b1hqk").grads(true, false));
     cases.push_back(shape(1, 32, 8, 66, 129, 64, dt).biases("bn11k", "b1hqk").grads(false, true));
     cases.push_back(shape(1, 64, 4, 65, 72, 128, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 128, 2, 40, 200, 16, dt).biases("bn11k", "b1hqk").grads(true, true));
     // B N H = 512, more than the running-dQ slots a GPU holds (an H100: 396 at D = 16): blocks
-    // reuse the slots of finished ones.
+    // reuse the slots of finished ones where the sum is in the workspace (SmallGpuVariants).
     cases.push_back(shape(1, 256, 2, 70, 72, 16, dt).biases("bn11k", "b1hqk").grads(false, true));
     // No bias along Lq at head dim 17..32: the dK/dV kernel compiled without tile-bias code
     // (three blocks per SM: 396 slots on an H100, fewer than these 512 blocks).

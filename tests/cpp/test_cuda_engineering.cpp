@@ -335,7 +335,10 @@ constexpr size_t kSm86Smem = 99 * 1024, kA100Smem = 163 * 1024;
 // forward with one group per block at head dim 64 under 99 KB (RTX 30/40, L40; with the
 // backward, whose dK/dV pass then keeps dQ out) and at 128 under 163 KB (A100), two groups at
 // 64 under 163 KB (A100) — each in its fast and (D = 60: no 16-byte rows) generic variant —
-// against the reference; at 128 under 99 KB the error that names the shared memory.
+// against the reference; at 128 under 99 KB the error that names the shared memory. And the
+// fused backward's running dQ in the workspace (LaunchPlan::dq_in_smem off: all of Lq does not
+// fit two blocks per SM there), with more (b, n, h) than slots under 99 KB (blocks reuse
+// finished blocks' slots), with and without tile-bias code.
 TEST(SmallGpuVariants, MatchReference) {
   if (backend_missing(Backend::kCuda)) GTEST_SKIP() << kNoCudaMessage;
   uint64_t seed = 900;
@@ -353,6 +356,9 @@ TEST(SmallGpuVariants, MatchReference) {
         {kA100Smem, shape(1, 5, 2, 70, 75, 60, dt).biases("bn11k", "b1hqk")},
         {kA100Smem, shape(2, 2, 2, 17, 136, 128, dt).biases("bn11k", "b1hqk")},
         {kA100Smem, shape(1, 40, 2, 70, 136, 128, dt).biases("bn11k", "b1hqk")},
+        {kA100Smem, shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk").grads(true, true)},
+        {kSm86Smem, shape(1, 256, 2, 70, 72, 16, dt).biases("bn11k", "b1hqk").grads(false, true)},
+        {kSm86Smem, shape(1, 256, 2, 70, 72, 24, dt)},
     };
     for (const Run& r : runs) {
       Case c = r.c;
