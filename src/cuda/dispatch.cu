@@ -107,26 +107,30 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
                                    : fwd_mma_path<Element, false>(p, plan, stream);
 }
 
-// Whether the fused dK/dV kernel that runs for `plan` keeps its whole running dQ in shared
-// memory (LaunchPlan::dq_in_smem): where that fits two blocks per SM. Per SM counts at most one
-// block's `allowed` (so a smaller GPU modelled by EVOATTN_MAX_SMEM_PER_BLOCK, whose SM holds
-// about one block's worth, decides as that GPU would).
+// Whether the fused dK/dV kernel keeps its whole running dQ in shared memory
+// (LaunchPlan::dq_in_smem): where that fits two blocks per SM. Decided from the shape and the
+// GPU, not the data pointers, as the workspace query must decide it too (the running-dQ
+// slots are left out of the workspace then): the shared memory of the instantiation without
+// tile-bias code, which runs where the bias strides allow it (dkdv_no_tile) and the fast path
+// is taken, sets the occupancy; the larger one with the bias tile, which runs otherwise, must
+// still fit a block. Per SM counts at most one block's `allowed` (so a smaller GPU modelled by
+// EVOATTN_MAX_SMEM_PER_BLOCK, whose SM holds about one block's worth, decides as that GPU would).
 bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
   const int bucket = head_dim_bucket(p.D);
-  // The instantiation without tile-bias code (run_dkdv below) leaves out the bias tile.
-  const bool no_tile = cuda::bwd_fast_path(plan) && bucket == 32 && cuda::dkdv_no_tile(p, bucket);
-  const size_t bytes = cuda::dkdv_smem_bytes(bucket, true, no_tile, int64_t{plan.q_tiles} * cuda::kTile);
+  const int64_t rows = int64_t{plan.q_tiles} * cuda::kTile;
+  const size_t bytes = cuda::dkdv_smem_bytes(bucket, true, cuda::dkdv_no_tile(p, bucket), rows);
+  const size_t bytes_with_tile = cuda::dkdv_smem_bytes(bucket, true, false, rows);
   int per_sm = 0, reserved = 0;
   if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device) != cudaSuccess ||
       cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, p.device) != cudaSuccess) {
     return false;
   }
   const size_t sm_bytes = std::min<size_t>(static_cast<size_t>(per_sm), allowed + reserved);
-  return bytes <= allowed && 2 * (bytes + reserved) <= sm_bytes;
+  return bytes_with_tile <= allowed && 2 * (bytes + reserved) <= sm_bytes;
 }
 
 // The backward's launch plan: the dK/dV kernel computes dQ only where its larger shared
-// memory fits this GPU (at D = 64 it needs 99 KB, exactly what RTX 30/40 and L40 allow).
+// memory fits this GPU (at D = 64 it needs 97.8 KB, within the 99 KB of RTX 30/40 and L40).
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   if (plan.fuse_dq) {

@@ -42,6 +42,10 @@ std::vector<Case> grid() {
     // (three blocks per SM: 396 slots on an H100, fewer than these 512 blocks).
     cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "").grads(true, false));
     cases.push_back(shape(1, 256, 2, 70, 72, 24, dt));
+    // The same kernels' generic variants (no 16-byte bias rows: Lk = 130; no 16-byte Q rows:
+    // D = 20), also with the running dQ in shared memory.
+    cases.push_back(shape(1, 64, 4, 130, 130, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(1, 256, 2, 70, 72, 20, dt));
   }
   Case scaled =
       shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk").grads(true, true);

@@ -333,7 +333,7 @@ constexpr size_t kSm86Smem = 99 * 1024, kA100Smem = 163 * 1024;
 
 // The variants of GPUs with less shared memory per block than the H100, run on this one: the
 // forward with one group per block at head dim 64 under 99 KB (RTX 30/40, L40; with the
-// backward, whose dK/dV pass then keeps dQ out) and at 128 under 163 KB (A100), two groups at
+// backward, whose dK/dV pass computes dQ in 97.8 KB) and at 128 under 163 KB (A100), two groups at
 // 64 under 163 KB (A100) — each in its fast and (D = 60: no 16-byte rows) generic variant —
 // against the reference; at 128 under 99 KB the error that names the shared memory. And the
 // fused backward's running dQ in the workspace (LaunchPlan::dq_in_smem off: all of Lq does not
