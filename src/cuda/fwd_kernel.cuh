@@ -16,6 +16,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
 #include "cuda/online_softmax.cuh"
@@ -116,48 +118,52 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // kernels a spill in the loop). Key tiles [kt_begin, kt_begin + k_iters) are the group's: all of them, or with
   // pair_over_k one part each (the last group's last tiles may lie past Lk: they contribute
   // nothing).
+  // kFast runs only where every offset fits 32 bits (LaunchPlan::offsets32): item coordinates
+  // and offsets in int32 (fewer instructions per item, fewer registers across the loop).
+  using Index = std::conditional_t<kFast, int32_t, int64_t>;
   struct Item {
-    int64_t b, n, h, i0;
+    Index b, n, h, i0;
     int kt_begin, k_iters;
     bool active;
   };
   auto decode = [&](int64_t blk) {
     Item item{0, 0, 0, 0, 0, plan.k_tiles, true};
     // blk = x0 + d0 (x1 + d1 (h + H b)) (LaunchPlan::fwd_div): by multiplies below 2^31 blocks.
-    int64_t x0, x1;
-    if (plan.fwd_blocks <= INT32_MAX) {
+    Index x0, x1;
+    if (kFast || plan.fwd_blocks <= INT32_MAX) {
       uint32_t r0, r1, r2;
       const uint32_t q0 = fast_divmod(static_cast<uint32_t>(blk), plan.fwd_div[0], r0);
       const uint32_t q1 = fast_divmod(q0, plan.fwd_div[1], r1);
-      item.b = fast_divmod(q1, plan.fwd_div[2], r2);
-      x0 = r0;
-      x1 = r1;
-      item.h = r2;
+      item.b = static_cast<Index>(fast_divmod(q1, plan.fwd_div[2], r2));
+      x0 = static_cast<Index>(r0);
+      x1 = static_cast<Index>(r1);
+      item.h = static_cast<Index>(r2);
     } else {
       const int64_t d1 = plan.pair_over_n ? (p.N + kGroups - 1) / kGroups : p.N;
-      x0 = blk % plan.fwd_div[0].divisor;  // q-tile counts fit 32 bits
+      x0 = static_cast<Index>(blk % plan.fwd_div[0].divisor);  // q-tile counts fit 32 bits
       blk /= plan.fwd_div[0].divisor;
-      x1 = blk % d1;
+      x1 = static_cast<Index>(blk % d1);
       blk /= d1;
-      item.h = blk % p.H;
-      item.b = blk / p.H;
+      item.h = static_cast<Index>(blk % p.H);
+      item.b = static_cast<Index>(blk / p.H);
     }
-    int64_t qt = x0;
+    Index qt = x0;
+    const Index N = static_cast<Index>(p.N);
     if (plan.pair_over_k) {
       item.n = x1;
       item.k_iters = (plan.k_tiles + kGroups - 1) / kGroups;
       item.kt_begin = group * item.k_iters;
     } else if (plan.pair_over_n) {
       item.n = x1 * kGroups + group;
-      item.active = item.n < p.N;
-      if (!item.active) item.n = kGroups == 2 ? item.n - 1 : p.N - 1;
+      item.active = item.n < N;
+      if (!item.active) item.n = kGroups == 2 ? item.n - 1 : N - 1;
     } else {
       qt = x0 * kGroups + group;
       item.n = x1;
       item.active = qt < plan.q_tiles;
       if (!item.active) qt = kGroups == 2 ? qt - 1 : plan.q_tiles - 1;
     }
-    item.i0 = qt * kBlockM;
+    item.i0 = static_cast<Index>(qt * kBlockM);
     return item;
   };
   // The groups read one bias tile when it cannot differ between them (an idle group takes a
@@ -199,8 +205,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
 
   using KVCopy = SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>;
   KVCopy k_copy, v_copy;
-  BiasTileStream<Element, kLean> prefetch;
-  KeyBiasStream key_bias;
+  BiasTileStream<Element, kLean, Index> prefetch;
+  KeyBiasStream<Index> key_bias;
   // Key tiles are copied in order: j is the start of the next one.
   auto copy_kv = [&](int s, int64_t j) {
     k_copy.copy_next(myK + s * kBlockN * kRowStride, j, p.Lk, p.k_stride.l, p.k_stride.d, p.D,
@@ -211,7 +217,7 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // Starts an item: its Q, its first K/V tile into stage `s`, the raw bias of its first tile,
   // its first key biases (the caller commits).
   auto begin_item = [&](const Item& item, int s) {
-    const int64_t j_begin = static_cast<int64_t>(item.kt_begin) * kBlockN;
+    const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
     load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(
         myQ, row_ptr<Element>(p.q, p.q_stride, item.b, item.n, item.h), item.i0, p.Lq, p.D, vec_q,
         group_tid);
@@ -222,8 +228,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       prefetch.start(p, plan, fill, item.b, item.n, item.h, item.i0, j_begin);
       prefetch.load_next(plan, fill);
     }
-    key_bias.start(p, plan, item.b, item.n, item.h, j_begin + key_slot);
-    if (key_filler) key_bias.load_next<kFast>(p, plan, item.b, item.n, item.h);
+    key_bias.start(p, plan, item.b, item.n, item.h, static_cast<Index>(j_begin + key_slot));
+    if (key_filler) key_bias.template load_next<kFast>(p, plan, item.b, item.n, item.h);
   };
 
   // kLeanTile without a tile bias: the tile buffers hold zeros, read like a tile; the first key
@@ -266,11 +272,11 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       } else if (!kFast && has_tile) {
         fill_bias_tile_generic(tile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, cur.i0, j0);
       }
-      if (key_filler) keys[key_slot] = key_bias.value_log2<kFast>(p, plan);
+      if (key_filler) keys[key_slot] = key_bias.template value_log2<kFast>(p, plan);
       __syncthreads();
       if (it + 1 < cur.k_iters) {
         // The key bias first: issued behind the tile loads, its register's reuse waited for them.
-        if (key_filler) key_bias.load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
+        if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
         copy_kv(stage ^ 1, j0 + kBlockN);
         if (fast_tile) prefetch.load_next(plan, fill);
         cp_async_commit();
@@ -410,14 +416,16 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       for (int r = 0; r < 2; ++r) {
         const float sum = sums[r];
         inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
-        const int64_t i = cur.i0 + warp_row + g + 8 * r;
+        const Index i = cur.i0 + warp_row + g + 8 * r;
         if (t == 0 && p.lse != nullptr && i < p.Lq) {
-          p.lse[cur.b * p.lse_stride_b + cur.n * p.lse_stride_n + cur.h * p.lse_stride_h +
-                i * p.lse_stride_q] = row_lse(row_max[r], sum);
+          p.lse[cur.b * static_cast<Index>(p.lse_stride_b) + cur.n * static_cast<Index>(p.lse_stride_n) +
+                cur.h * static_cast<Index>(p.lse_stride_h) + i * static_cast<Index>(p.lse_stride_q)] =
+              row_lse(row_max[r], sum);
         }
       }
-      Element* o_base = static_cast<Element*>(p.o) + cur.b * p.o_stride.b + cur.n * p.o_stride.n +
-                        cur.h * p.o_stride.h;
+      Element* o_base = static_cast<Element*>(p.o) + (cur.b * static_cast<Index>(p.o_stride.b) +
+                                                      cur.n * static_cast<Index>(p.o_stride.n) +
+                                                      cur.h * static_cast<Index>(p.o_stride.h));
       store_acc_rows<Element, kDTiles>(acc_o, o_base, p.o_stride.l, p.o_stride.d,
                                        cur.i0 + warp_row, p.Lq, p.D, plan.pairs_o, lane, inv);
     }

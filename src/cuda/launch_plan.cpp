@@ -1,7 +1,10 @@
 #include "cuda/launch_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "backend.h"
 
@@ -23,6 +26,31 @@ bool pairs_storable(const void* ptr, const SeqStrides& s, int D, DType t) {
   if (t == DType::kF32) return false;
   return ptr != nullptr && s.d == 1 && D % 2 == 0 && s.b % 2 == 0 && s.n % 2 == 0 && s.l % 2 == 0 &&
          s.h % 2 == 0 && reinterpret_cast<uintptr_t>(ptr) % 4 == 0;
+}
+
+// Whether every element offset the forward forms fits 31 bits with room to spare
+// (LaunchPlan::offsets32): the largest |offset| of each tensor, counting the query and key
+// dimensions a tile (64 rows) longer, as the copies' pointers run that far ahead. In double:
+// no overflow for any strides, and the 2^30 limit leaves room for the rounding.
+bool offsets_fit_32(const FwdParams& p) {
+  auto span = [](std::initializer_list<std::pair<int64_t, int64_t>> dims) {
+    double s = 0.0;
+    for (const auto& [stride, extent] : dims) s += std::abs(static_cast<double>(stride)) * static_cast<double>(extent);
+    return s;
+  };
+  const int64_t lq = p.Lq + kTile, lk = p.Lk + kTile;
+  auto seq = [&](const SeqStrides& st, int64_t l) {
+    return span({{st.b, p.B}, {st.n, p.N}, {st.l, l}, {st.h, p.H}, {st.d, p.D}});
+  };
+  double most = std::max({seq(p.q_stride, lq), seq(p.k_stride, lk), seq(p.v_stride, lk), seq(p.o_stride, lq),
+                          span({{p.lse_stride_b, p.B}, {p.lse_stride_n, p.N}, {p.lse_stride_h, p.H},
+                                {p.lse_stride_q, lq}})});
+  for (const BiasParams& b : p.bias) {
+    if (b.ptr == nullptr) continue;
+    const ScoreStrides& st = b.stride;
+    most = std::max(most, span({{st.b, p.B}, {st.n, p.N}, {st.h, p.H}, {st.q, lq}, {st.k, lk}}));
+  }
+  return most < static_cast<double>(int64_t{1} << 30);
 }
 
 // Floats of a requested bias gradient: its extents, 1 along the dimensions it sums.
@@ -101,6 +129,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   plan.vec_k = rows_vectorizable(p.k, p.k_stride, p.D, p.dtype);
   plan.vec_v = rows_vectorizable(p.v, p.v_stride, p.D, p.dtype);
   plan.pairs_o = pairs_storable(p.o, p.o_stride, p.D, p.dtype);
+  plan.offsets32 = offsets_fit_32(p);
   plan.tile_fast_slot = -1;
   plan.tile_shared_over_n = true;
   int num_tiles = 0;

@@ -56,6 +56,9 @@ struct LaunchPlan {
   int32_t tile_fast_slot;    // the only tile slot, in the input dtype, prefetchable with
                              // 16-byte loads; or -1
   bool tile_shared_over_n;   // every tile slot has stride_n == 0 (the Evoformer pair bias)
+  // Every element offset the forward forms (Q, K, V, O, LSE, each bias; rows a tile past the
+  // end included) is below 2^30 in magnitude: its fast kernels index in 32-bit arithmetic.
+  bool offsets32;
   // A copy of p.bias[key_single_slot] (when >= 0): the kernels read it at fixed parameter
   // offsets instead of indexing p.bias at run time.
   BiasParams key_single;
@@ -96,16 +99,19 @@ struct LaunchPlan {
 };
 
 // Whether a forward can take the kernels compiled for the common case (their `kFast`): 16-byte
-// Q, K, V rows, at most one key-bias slot, and no tile bias or one the fast tile path takes.
-// Those kernels carry no generic paths, so their registers go to the tile math.
-inline bool fwd_fast_path(const LaunchPlan& plan) {
+// Q, K, V rows, at most one key-bias slot, no tile bias or one the fast tile path takes, and
+// offsets that fit 32-bit arithmetic. Those kernels carry no generic paths, so their registers
+// go to the tile math.
+inline bool fast_bias_and_rows(const LaunchPlan& plan) {
   return plan.vec_q && plan.vec_k && plan.vec_v &&
          (plan.key_slots == 0 || plan.key_single_slot >= 0) &&
          (plan.tile_slots == 0 || plan.tile_fast_slot >= 0);
 }
+// The forward's also index in 32-bit arithmetic (offsets32).
+inline bool fwd_fast_path(const LaunchPlan& plan) { return fast_bias_and_rows(plan) && plan.offsets32; }
 
-// The backward's kernels likewise, with 16-byte dO rows too.
-inline bool bwd_fast_path(const LaunchPlan& plan) { return fwd_fast_path(plan) && plan.vec_do; }
+// The backward's kernels likewise (64-bit indices), with 16-byte dO rows too.
+inline bool bwd_fast_path(const LaunchPlan& plan) { return fast_bias_and_rows(plan) && plan.vec_do; }
 
 // The iteration space of the query-side backward kernels: `loop_*` dimensions are walked
 // inside a block (in the order b, n, h, q-tile, k-tile, the last fastest); the others index
