@@ -29,13 +29,16 @@ bool pairs_storable(const void* ptr, const SeqStrides& s, int D, DType t) {
 }
 
 // Whether every element offset the forward forms fits 31 bits with room to spare
-// (LaunchPlan::offsets32): the largest |offset| of each tensor, counting the query and key
-// dimensions a tile (64 rows) longer, as the copies' pointers run that far ahead. In double:
-// no overflow for any strides, and the 2^30 limit leaves room for the rounding.
+// (LaunchPlan::offsets32): the largest |offset| of each tensor, sum of |stride| (extent - 1),
+// counting the query and key dimensions a tile (64 rows) longer, as the copies' pointers run
+// that far ahead. In double: no overflow for any strides, and the 2^30 limit leaves room for
+// the rounding and for sums of two such offsets.
 bool offsets_fit_32(const FwdParams& p) {
   auto span = [](std::initializer_list<std::pair<int64_t, int64_t>> dims) {
     double s = 0.0;
-    for (const auto& [stride, extent] : dims) s += std::abs(static_cast<double>(stride)) * static_cast<double>(extent);
+    for (const auto& [stride, extent] : dims) {
+      s += std::abs(static_cast<double>(stride)) * static_cast<double>(std::max<int64_t>(extent - 1, 0));
+    }
     return s;
   };
   const int64_t lq = p.Lq + kTile, lk = p.Lk + kTile;

@@ -380,6 +380,40 @@ TEST(SmallGpuVariants, MatchReference) {
   }
 }
 
+#ifdef EVOATTN_WITH_CUDA
+// LaunchPlan::offsets32: the fast forward kernels index in int32, so the planner grants it only
+// while every offset the forward forms — a tile (64 rows) past each end of Lq and Lk included,
+// strides counted by magnitude — stays below 2^30. Host-only: runs without a GPU.
+TEST(LaunchPlan, Offsets32OnlyBelow2To30) {
+  alignas(16) static char data[16];
+  auto plan_for = [&](int64_t N, int64_t n_sign, bool pair_bias_rows_apart) {
+    FwdParams p{};
+    p.B = 1, p.N = N, p.H = 4, p.Lq = p.Lk = 256, p.D = 32, p.dtype = DType::kBF16;
+    p.q = p.k = p.v = data;
+    p.o = data;
+    const SeqStrides seq{N * 256 * 4 * 32, n_sign * 256 * 4 * 32, 4 * 32, 32, 1};
+    p.q_stride = p.k_stride = p.v_stride = p.o_stride = seq;
+    p.lse_stride_q = 1, p.lse_stride_h = 256, p.lse_stride_n = 4 * 256, p.lse_stride_b = N * 4 * 256;
+    p.bias[1] = BiasParams{data, DType::kBF16, {0, 0, 256 * 256, 256, 1}};
+    // Pair-bias rows 2^22 elements apart: (256 + 64) rows span more than 2^30.
+    if (pair_bias_rows_apart) p.bias[1].stride = {0, 0, 0, int64_t{1} << 22, 1};
+    return cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  };
+  // Q's largest offset: N 2^15 elements (N = 2^14: 2^29 plus a tile; N = 2^15: past 2^30).
+  EXPECT_TRUE(plan_for(256, 1, false).offsets32);
+  EXPECT_TRUE(plan_for(int64_t{1} << 14, 1, false).offsets32);
+  EXPECT_TRUE(plan_for(int64_t{1} << 14, -1, false).offsets32);  // a reversed n stride
+  EXPECT_FALSE(plan_for(int64_t{1} << 15, 1, false).offsets32);
+  EXPECT_FALSE(plan_for(int64_t{1} << 15, -1, false).offsets32);
+  EXPECT_FALSE(plan_for(256, 1, true).offsets32);
+  // Without offsets32 the forward takes the generic kernels (which index in int64).
+  EXPECT_TRUE(cuda::fwd_fast_path(plan_for(256, 1, false)));
+  EXPECT_FALSE(cuda::fwd_fast_path(plan_for(256, 1, true)));
+}
+#else
+TEST(LaunchPlan, Offsets32OnlyBelow2To30) { GTEST_SKIP() << "needs the CUDA backend's planner"; }
+#endif
+
 // The forward's work-item decode and the row statistics divide by multiplies (cuda::fast_div and
 // fast_divmod, the same functions the kernels call): exact for every numerator below 2^31,
 // here every divisor to 300 and the edges of the range, against integer division. Host-only:
