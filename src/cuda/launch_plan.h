@@ -98,16 +98,15 @@ struct LaunchPlan {
   int* dq_slot_busy;
 };
 
-// Whether a forward can take the kernels compiled for the common case (their `kFast`): 16-byte
-// Q, K, V rows, at most one key-bias slot, no tile bias or one the fast tile path takes, and
-// offsets that fit 32-bit arithmetic. Those kernels carry no generic paths, so their registers
-// go to the tile math.
+// What the kernels compiled for the common case (their `kFast`) need of every call: 16-byte
+// Q, K, V rows, at most one key-bias slot, and no tile bias or one the fast tile path takes.
+// Those kernels carry no generic paths, so their registers go to the tile math.
 inline bool fast_bias_and_rows(const LaunchPlan& plan) {
   return plan.vec_q && plan.vec_k && plan.vec_v &&
          (plan.key_slots == 0 || plan.key_single_slot >= 0) &&
          (plan.tile_slots == 0 || plan.tile_fast_slot >= 0);
 }
-// The forward's also index in 32-bit arithmetic (offsets32).
+// Whether a forward can take them: also offsets that fit its 32-bit arithmetic (offsets32).
 inline bool fwd_fast_path(const LaunchPlan& plan) { return fast_bias_and_rows(plan) && plan.offsets32; }
 
 // The backward's kernels likewise (64-bit indices), with 16-byte dO rows too.
