@@ -24,6 +24,8 @@ FWD_GROUPS = {16: [2], 32: [2], 64: [3, 2, 1], 128: [2, 1]}
 # (dispatch.cu's fwd_mma_path picks them): file suffix -> template argument.
 FWD_TILE_KINDS = {"_notile": "FwdTile::kNone", "_sharedtile": "FwdTile::kShared"}
 FWD_TILE_KIND_HEAD_DIMS = [16, 32]
+# The wide-warp forward (fwd_warp_m_tiles: head dim 64, a shared tile, kWideFwdGroups groups).
+FWD_WIDE = {64: 4}
 # The fast dK/dV kernel compiled without tile-bias code (`kNoTile`, three blocks per SM) at these
 # head dims (dkdv_no_tile in launch_plan.h): "_notile" files.
 DKDV_NO_TILE_HEAD_DIMS = [32]
@@ -70,6 +72,12 @@ def main() -> None:
                         write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast{suffix}.cu", header,
                                             f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, {kind}>{sig}",
                                             names)
+    header, fn, sig = KERNELS["fwd"]
+    for dname, dtype in DTYPES.items():
+        for hd, g in FWD_WIDE.items():
+            write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast_sharedtile.cu", header,
+                                f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, FwdTile::kShared>{sig}",
+                                names)
     header, fn, sig = TF32_FWD
     for hd in HEAD_DIMS:
         write_instantiation(out, f"fwd_tf32_hdim{hd}.cu", header, f"cudaError_t {fn}<{hd}>{sig}",

@@ -77,20 +77,35 @@ cudaError_t run_fwd_groups(const FwdParams& p, const LaunchPlan& plan, cudaStrea
   }
 }
 
+// smem_limit: the shared memory per block this GPU allows (smem_per_block_limit).
 template <typename Element, bool kFast>
-cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem_limit,
+                         cudaStream_t stream) {
   return with_head_dim(p.D, [&](auto hd) {
     constexpr int kHeadDim = decltype(hd)::value;
     // Head dim <= 32, fast: the kernels compiled for no tile bias, or for a shared fast tile
     // (gen_instantiations.py's FWD_TILE_KINDS).
+    using cuda::FwdTile;
     if constexpr (kFast && kHeadDim <= 32) {
-      using cuda::FwdTile;
       constexpr int kGroups = cuda::kSmallHeadDimFwdGroups;
       if (plan.tile_slots == 0) {
         return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kNone>(p, plan, stream);
       }
       if (cuda::fwd_shared_tile(plan)) {
         return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, plan, stream);
+      }
+    }
+    // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where its
+    // shared memory fits this GPU (218 KB: the H100) and its four groups still share the tile.
+    if constexpr (kFast && kHeadDim == 64) {
+      constexpr int kGroups = cuda::kWideFwdGroups;
+      if (cuda::fwd_smem_bytes(kHeadDim, kGroups, cuda::fwd_warp_m_tiles(kHeadDim, FwdTile::kShared)) <=
+          smem_limit) {
+        LaunchPlan wide = plan;
+        cuda::set_fwd_groups(wide, p, kGroups);
+        if (cuda::fwd_shared_tile(wide)) {
+          return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, wide, stream);
+        }
       }
     }
     return run_fwd_groups<Element, kHeadDim, kFast>(p, plan, stream);
@@ -103,8 +118,8 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
   size_t smem = 0;
   if (cudaError_t e = cuda::smem_per_block_limit(p.device, &smem)) return e;
   cuda::set_fwd_groups(plan, p, cuda::fwd_groups_for(head_dim_bucket(p.D), smem));
-  return cuda::fwd_fast_path(plan) ? fwd_mma_path<Element, true>(p, plan, stream)
-                                   : fwd_mma_path<Element, false>(p, plan, stream);
+  return cuda::fwd_fast_path(plan) ? fwd_mma_path<Element, true>(p, plan, smem, stream)
+                                   : fwd_mma_path<Element, false>(p, plan, smem, stream);
 }
 
 // Whether the fused dK/dV kernel keeps its whole running dQ in shared memory

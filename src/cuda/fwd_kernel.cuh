@@ -1,12 +1,13 @@
 // Forward kernel for float16 / bfloat16 on mma.sync (sm_80+): FlashAttention-2 style.
 //
-//   block = kGroups groups x 4 warps (fwd_groups_for), each group one work item (b, n, h,
+//   block = kGroups groups x 4 warps (fwd_groups_for; at head dim 64 with a shared tile 4
+//   groups x 2 warps of 32 rows, fwd_warp_m_tiles), each group one work item (b, n, h,
 //   64-query tile): rows n, n + 1, ... of one (b, h, q-tile) (pair_over_n; they share one
 //   pair-bias tile, double-buffered, one barrier per key tile), or consecutive q-tiles of one
 //   row, or — with few items (pair_over_k) — equal parts of one item's key tiles, merged at the
 //   end. See LaunchPlan.
 //   for each key tile (64 keys, K/V double-buffered with cp.async):
-//     S  = Q K^T                      (per warp 16 x 64, fp32 accumulators)
+//     S  = Q K^T                      (per warp 16 or 32 x 64, fp32 accumulators)
 //     S2 = S * scale*log2(e) + (tile bias + key bias) * log2(e)     (log2 domain)
 //     m: a row's reference max, moved only when the tile's max passes it by more than
 //        kRescaleSlack (online_softmax_lazy; per 32-key span where kSoftmaxSpans = 2);
@@ -28,12 +29,17 @@
 
 namespace evoattn::cuda {
 
-template <typename Element, int kHeadDim, int kGroupCount>
+template <typename Element, int kHeadDim, int kGroupCount, int kWarpMTileCount = 1>
 struct FwdTraits {
-  static constexpr int kBlockM = 64;  // query rows per group: 16 per warp
+  static constexpr int kBlockM = 64;  // query rows per group
   static constexpr int kBlockN = 64;  // keys per tile
   static constexpr int kGroups = kGroupCount;
-  static constexpr int kGroupThreads = 128;
+  // A warp's rows: kWarpMTiles mma row tiles of 16 (fwd_warp_m_tiles). Two share every K and V
+  // fragment a warp loads, and give it two independent mma chains.
+  static constexpr int kWarpMTiles = kWarpMTileCount;
+  static constexpr int kWarpRows = 16 * kWarpMTiles;
+  static constexpr int kGroupWarps = kBlockM / kWarpRows;
+  static constexpr int kGroupThreads = 32 * kGroupWarps;
   static constexpr int kThreads = kGroups * kGroupThreads;
   // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 2 : 1;
@@ -61,18 +67,22 @@ struct FwdTraits {
   static constexpr int kTileStride = kBlockN + 8;
   static constexpr int kQElems = kGroups * kBlockM * kRowStride;
   static constexpr int kKVElems = kGroups * 2 * kBlockN * kRowStride;  // two stages per group
-  // A shared tile double-buffers in two slots, so one group has two too.
-  static constexpr int kTileFloats = (kGroups < 2 ? 2 : kGroups) * kBlockM * kTileStride;
+  // A shared tile double-buffers in two slots, so one group has two too (fwd_tile_slots).
+  static constexpr int kTileFloats = fwd_tile_slots(kGroups, kWarpMTiles) * kBlockM * kTileStride;
   static constexpr int kKeyFloats = kGroups * 2 * kBlockN;  // two buffers per group
   static constexpr size_t kSmemBytes =
       (kQElems + 2 * kKVElems) * sizeof(Element) + (kTileFloats + kKeyFloats) * sizeof(float);
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "head dim buckets are multiples of 16");
   static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan counts kTile tiles");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
-  static_assert(kSmemBytes == fwd_smem_bytes(kHeadDim, kGroups), "fwd_smem_bytes counts this layout");
+  static_assert(kSmemBytes == fwd_smem_bytes(kHeadDim, kGroups, kWarpMTiles),
+                "fwd_smem_bytes counts this layout");
   static_assert((kGroups - 1) * kGroupThreads * (kHeadDim / 2 + 4) * sizeof(float) <=
                     kKVElems * sizeof(Element),
                 "pair_over_k hands groups 1.. their partial results over the K buffer");
+  // Two row tiles a warp: groups of two warps, each group's keys biases loaded by both (one key
+  // a lane), the shared tile filled by the block's 256 threads; no pair_over_k merge.
+  static_assert(kWarpMTiles == 1 || (kWarpMTiles == 2 && kThreads == 256), "wide warps: 4 groups");
 };
 
 
@@ -88,14 +98,20 @@ __device__ __forceinline__ float combine_partials(const float (&x)[kPartials]) {
   }
 }
 
+// fwd_warp_m_tiles as a constant the kernels' template arguments can use.
+template <int kHeadDim, FwdTile kTile>
+inline constexpr int kFwdWarpMTiles = fwd_warp_m_tiles(kHeadDim, kTile);
+
 // kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out. kTile:
 // the tile bias it is compiled for (FwdTile); kNone compiles the tile code out.
 template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny>
-__global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThreads,
-                                  FwdTraits<Element, kHeadDim, kGroups>::kMinBlocksPerSm)
+__global__ void __launch_bounds__(
+    FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kThreads,
+    FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan) {
-  using T = FwdTraits<Element, kHeadDim, kGroups>;
+  using T = FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
+  constexpr int kMT = T::kWarpMTiles;  // row tiles of 16 per warp: mt = 0 .. kMT - 1
   constexpr int kTileStride = T::kTileStride;
   constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S
   constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of O
@@ -109,7 +125,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   float* sKey = sTile + T::kTileFloats;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int group = warp / 4, warp_row = (warp % 4) * 16, group_tid = tid % T::kGroupThreads;
+  const int group = warp / T::kGroupWarps, group_tid = tid % T::kGroupThreads;
+  const int warp_row = (warp % T::kGroupWarps) * T::kWarpRows;  // row tile mt: + 16 mt
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
 
   // A group's work item (see LaunchPlan::pair_over_n). An idle group (N or the q-tile count
@@ -180,7 +197,8 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // template forward 5% faster, msacol 1.4%; the shared-tile kernel, unspilled since its item
   // indices are 32-bit, msarow 0.329 -> 0.325 ms, b4tri384 0.984 -> 0.966; it ran 3% slower
   // while it spilled); D = 64 ran 1% slower.
-  constexpr int kSoftmaxSpans = kHeadDim <= 16 || kNoTile || kSharedTile ? 2 : 1;
+  // Wide warps (two row tiles) have independent work without spans.
+  constexpr int kSoftmaxSpans = kMT == 1 && (kHeadDim <= 16 || kNoTile || kSharedTile) ? 2 : 1;
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
@@ -201,8 +219,9 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
   // b4tri384 forward 1.079 -> 1.047 ms, tri768 1.99 -> 1.90, msarow 0.352 -> 0.339; no tile,
   // msacol 0.488 -> 0.451).
   constexpr bool kKeysInTwoWarps = T::kKeysInTwoWarps || kOneTileKind;
-  const int key_slot = kKeysInTwoWarps ? (warp % 4) * 32 + lane : (warp % 4) * 16 + lane;
-  const bool key_filler = kKeysInTwoWarps ? warp % 4 < 2 : lane < 16;
+  static_assert(kKeysInTwoWarps || T::kGroupWarps == 4, "16 keys a warp need four warps");
+  const int key_slot = kKeysInTwoWarps ? (warp % T::kGroupWarps) * 32 + lane : (warp % 4) * 16 + lane;
+  const bool key_filler = kKeysInTwoWarps ? warp % T::kGroupWarps < 2 : lane < 16;
 
   using KVCopy = SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>;
   KVCopy k_copy, v_copy;
@@ -251,11 +270,18 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
     bool next_begun = false;
     Item next = cur;
 
-    uint32_t q_frag[kKSteps][4];
-    float acc_o[kDTiles][4];
-    for (int d = 0; d < kDTiles; ++d)
-      for (int e = 0; e < 4; ++e) acc_o[d][e] = 0.0f;
-    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
+    uint32_t q_frag[kMT][kKSteps][4];
+    float acc_o[kMT][kDTiles][4];
+    float row_max[kMT][2], row_sum[kMT][2];
+    #pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      for (int d = 0; d < kDTiles; ++d)
+        for (int e = 0; e < 4; ++e) acc_o[mt][d][e] = 0.0f;
+      for (int r = 0; r < 2; ++r) {
+        row_max[mt][r] = neg_inf();
+        row_sum[mt][r] = 0.0f;
+      }
+    }
 
     // One commit group per key tile: K, V and the raw bias tile. Iteration `it` waits for its
     // group, converts its bias into bias buffer `buf`, and one barrier publishes tile `it` — and
@@ -289,23 +315,30 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       }
 
       if (it == 0) {
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          ldmatrix_x4(q_frag[kk], myQ + (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
-        }
+        #pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+          for (int kk = 0; kk < kKSteps; ++kk)
+            ldmatrix_x4(q_frag[mt][kk],
+                        myQ + (warp_row + 16 * mt + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
       }
 
       // S = Q K^T.
       const Element* Ks = myK + stage * kBlockN * kRowStride;
-      float s[kNTiles][4];
-      for (int nt = 0; nt < kNTiles; ++nt)
-        for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+      float s[kMT][kNTiles][4];
+      #pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        for (int nt = 0; nt < kNTiles; ++nt)
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
       for (int kk = 0; kk < kKSteps; ++kk) {
         for (int np = 0; np < kNTiles / 2; ++np) {
           uint32_t kf[4];
           const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
           ldmatrix_x4(kf, Ks + key * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8);
-          mma_16816<Element>(s[2 * np], q_frag[kk], {kf[0], kf[1]});
-          mma_16816<Element>(s[2 * np + 1], q_frag[kk], {kf[2], kf[3]});
+          #pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<Element>(s[mt][2 * np], q_frag[mt][kk], {kf[0], kf[1]});
+            mma_16816<Element>(s[mt][2 * np + 1], q_frag[mt][kk], {kf[2], kf[3]});
+          }
         }
       }
 
@@ -321,63 +354,79 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       static_assert(kPartials == 2 || kPartials == 4, "two or four partials per row");
       for (int span = 0; span < kSoftmaxSpans; ++span) {
         const int nt0 = span * kSpan;
-        float part_max[2][kPartials];
-        for (int r = 0; r < 2; ++r)
-          for (int k = 0; k < kPartials; ++k) part_max[r][k] = neg_inf();
-        for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
-          scores_log2<kTileStride, kTileRead>(s[nt], nt * 8 + 2 * t, keys,
-                                              tile + (warp_row + g) * kTileStride, has_tile,
-                                              p.scale_log2);
+        #pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          float part_max[2][kPartials];
+          for (int r = 0; r < 2; ++r)
+            for (int k = 0; k < kPartials; ++k) part_max[r][k] = neg_inf();
+          for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
+            scores_log2<kTileStride, kTileRead>(s[mt][nt], nt * 8 + 2 * t, keys,
+                                                tile + (warp_row + 16 * mt + g) * kTileStride,
+                                                has_tile, p.scale_log2);
+            for (int r = 0; r < 2; ++r) {
+              const float m = fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]);
+              float& part = part_max[r][nt % kPartials];
+              part = kLean && nt < nt0 + kPartials ? m : fmaxf(part, m);
+            }
+          }
+          float m_use[2], local_max[2];
           for (int r = 0; r < 2; ++r) {
-            const float m = fmaxf(s[nt][2 * r], s[nt][2 * r + 1]);
-            float& part = part_max[r][nt % kPartials];
-            part = kLean && nt < nt0 + kPartials ? m : fmaxf(part, m);
+            local_max[r] = combine_partials<true>(part_max[r]);
           }
-        }
-        float m_use[2], local_max[2];
-        for (int r = 0; r < 2; ++r) {
-          local_max[r] = combine_partials<true>(part_max[r]);
-        }
-        online_softmax_lazy(local_max, row_max, row_sum, acc_o, m_use);
-        // Row sums in float32 from the unrounded P: the LSE the backward recomputes P from must
-        // be float32-accurate (summing the 16-bit P, on the tensor cores, cost 2^-9 relative:
-        // bias gradients that cancel over rows failed the bf16 bound).
-        float part_sum[2][kPartials] = {};
-        for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
-          for (int e = 0; e < 4; ++e) {
-            s[nt][e] = exp2_approx(s[nt][e] - m_use[e / 2]);
-            float& part = part_sum[e / 2][nt % kPartials];
-            part = kLean && nt < nt0 + kPartials && e % 2 == 0 ? s[nt][e] : part + s[nt][e];
+          online_softmax_lazy(local_max, row_max[mt], row_sum[mt], acc_o[mt], m_use);
+          // Row sums in float32 from the unrounded P: the LSE the backward recomputes P from must
+          // be float32-accurate (summing the 16-bit P, on the tensor cores, cost 2^-9 relative:
+          // bias gradients that cancel over rows failed the bf16 bound).
+          float part_sum[2][kPartials] = {};
+          for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
+            for (int e = 0; e < 4; ++e) {
+              s[mt][nt][e] = exp2_approx(s[mt][nt][e] - m_use[e / 2]);
+              float& part = part_sum[e / 2][nt % kPartials];
+              part = kLean && nt < nt0 + kPartials && e % 2 == 0 ? s[mt][nt][e] : part + s[mt][nt][e];
+            }
           }
+          for (int r = 0; r < 2; ++r) row_sum[mt][r] += combine_partials<false>(part_sum[r]);
         }
-        for (int r = 0; r < 2; ++r) row_sum[r] += combine_partials<false>(part_sum[r]);
 
-        // O += P V, P straight from the S accumulators (their layout is the A-fragment layout).
+        // O += P V, P straight from the S accumulators (their layout is the A-fragment layout);
+        // each V fragment feeds every row tile.
         for (int kk = nt0 / 2; kk < (nt0 + kSpan) / 2; ++kk) {
-          const uint32_t a[4] = {pack2<Element>(s[2 * kk][0], s[2 * kk][1]),
-                                 pack2<Element>(s[2 * kk][2], s[2 * kk][3]),
-                                 pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                 pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+          uint32_t a[kMT][4];
+          #pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            a[mt][0] = pack2<Element>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            a[mt][1] = pack2<Element>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            a[mt][2] = pack2<Element>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            a[mt][3] = pack2<Element>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          }
           for (int dp = 0; dp < kDTiles / 2; ++dp) {
             uint32_t vf[4];
             const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
             ldmatrix_x4_trans(vf, Vs + key * kRowStride + dp * 16 + (lane >> 4) * 8);
-            mma_16816<Element>(acc_o[2 * dp], a, {vf[0], vf[1]});
-            mma_16816<Element>(acc_o[2 * dp + 1], a, {vf[2], vf[3]});
+            #pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              mma_16816<Element>(acc_o[mt][2 * dp], a[mt], {vf[0], vf[1]});
+              mma_16816<Element>(acc_o[mt][2 * dp + 1], a[mt], {vf[2], vf[3]});
+            }
           }
         }
       }
       if (!double_buffer) __syncthreads();
     }
 
-    // Epilogue: normalise, write O (rows g, g + 8 of the warp) and the LSE.
-    float sums[2];
-    for (int r = 0; r < 2; ++r) {
-      sums[r] = row_sum[r];
-      sums[r] += __shfl_xor_sync(0xffffffffu, sums[r], 1);
-      sums[r] += __shfl_xor_sync(0xffffffffu, sums[r], 2);
+    // Epilogue: normalise, write O (rows g, g + 8 of each row tile) and the LSE.
+    float sums[kMT][2];
+    #pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      for (int r = 0; r < 2; ++r) {
+        float& sum = sums[mt][r];
+        sum = row_sum[mt][r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      }
     }
-    if (plan.pair_over_k) {
+    // Wide warps (kMT = 2) run only with pair_over_n (a shared tile): no merge.
+    if (kMT == 1 && plan.pair_over_k) {
       // Groups 1.. hand their (O, row max, row sum) over the K/V buffers to the lane of group 0
       // with the same fragment; group 0 merges the parts in group order. The barrier makes the
       // K/V buffers free whatever the loop's last barrier was (no copies are in flight after
@@ -386,13 +435,16 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       constexpr int kXch = kDTiles * 4 + 4;
       float* const xch_base = reinterpret_cast<float*>(sK) + ((warp % 4) * 32 + lane) * kXch;
       auto xch_of = [&](int g) { return xch_base + (g - 1) * T::kGroupThreads * kXch; };
+      float(&o)[kDTiles][4] = acc_o[0];
+      float(&rmax)[2] = row_max[0];
+      float(&rsum)[2] = sums[0];
       if (group > 0) {
         float* xch = xch_of(group);
         for (int d = 0; d < kDTiles; ++d)
-          for (int e = 0; e < 4; ++e) xch[d * 4 + e] = acc_o[d][e];
+          for (int e = 0; e < 4; ++e) xch[d * 4 + e] = o[d][e];
         for (int r = 0; r < 2; ++r) {
-          xch[kDTiles * 4 + r] = row_max[r];
-          xch[kDTiles * 4 + 2 + r] = sums[r];
+          xch[kDTiles * 4 + r] = rmax[r];
+          xch[kDTiles * 4 + 2 + r] = rsum[r];
         }
       }
       __syncthreads();
@@ -400,35 +452,39 @@ __global__ void __launch_bounds__(FwdTraits<Element, kHeadDim, kGroups>::kThread
       for (int part = 1; part < kGroups; ++part) {
         const float* xch = xch_of(part);
         for (int r = 0; r < 2; ++r) {
-          const float m1 = xch[kDTiles * 4 + r], m = fmaxf(row_max[r], m1);
+          const float m1 = xch[kDTiles * 4 + r], m = fmaxf(rmax[r], m1);
           const float m_ref = m == neg_inf() ? 0.0f : m;
-          const float a0 = exp2_approx(row_max[r] - m_ref), a1 = exp2_approx(m1 - m_ref);
-          sums[r] = sums[r] * a0 + xch[kDTiles * 4 + 2 + r] * a1;
-          row_max[r] = m;
+          const float a0 = exp2_approx(rmax[r] - m_ref), a1 = exp2_approx(m1 - m_ref);
+          rsum[r] = rsum[r] * a0 + xch[kDTiles * 4 + 2 + r] * a1;
+          rmax[r] = m;
           for (int d = 0; d < kDTiles; ++d) {
-            acc_o[d][2 * r] = acc_o[d][2 * r] * a0 + xch[d * 4 + 2 * r] * a1;
-            acc_o[d][2 * r + 1] = acc_o[d][2 * r + 1] * a0 + xch[d * 4 + 2 * r + 1] * a1;
+            o[d][2 * r] = o[d][2 * r] * a0 + xch[d * 4 + 2 * r] * a1;
+            o[d][2 * r + 1] = o[d][2 * r + 1] * a0 + xch[d * 4 + 2 * r + 1] * a1;
           }
         }
       }
     }
     if (cur.active) {
-      float inv[2];
-      for (int r = 0; r < 2; ++r) {
-        const float sum = sums[r];
-        inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
-        const Index i = cur.i0 + warp_row + g + 8 * r;
-        if (t == 0 && p.lse != nullptr && i < p.Lq) {
-          p.lse[cur.b * static_cast<Index>(p.lse_stride_b) + cur.n * static_cast<Index>(p.lse_stride_n) +
-                cur.h * static_cast<Index>(p.lse_stride_h) + i * static_cast<Index>(p.lse_stride_q)] =
-              row_lse(row_max[r], sum);
-        }
-      }
       Element* o_base = static_cast<Element*>(p.o) + (cur.b * static_cast<Index>(p.o_stride.b) +
                                                       cur.n * static_cast<Index>(p.o_stride.n) +
                                                       cur.h * static_cast<Index>(p.o_stride.h));
-      store_acc_rows<Element, kDTiles>(acc_o, o_base, p.o_stride.l, p.o_stride.d,
-                                       cur.i0 + warp_row, p.Lq, p.D, plan.pairs_o, lane, inv);
+      #pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        float inv[2];
+        for (int r = 0; r < 2; ++r) {
+          const float sum = sums[mt][r];
+          inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
+          const Index i = cur.i0 + warp_row + 16 * mt + g + 8 * r;
+          if (t == 0 && p.lse != nullptr && i < p.Lq) {
+            p.lse[cur.b * static_cast<Index>(p.lse_stride_b) + cur.n * static_cast<Index>(p.lse_stride_n) +
+                  cur.h * static_cast<Index>(p.lse_stride_h) + i * static_cast<Index>(p.lse_stride_q)] =
+                row_lse(row_max[mt][r], sum);
+          }
+        }
+        store_acc_rows<Element, kDTiles>(acc_o[mt], o_base, p.o_stride.l, p.o_stride.d,
+                                         cur.i0 + warp_row + 16 * mt, p.Lq, p.D, plan.pairs_o, lane,
+                                         inv);
+      }
     }
 
     if (!has_next) return;
@@ -460,7 +516,7 @@ int64_t fwd_resident_blocks(Kernel* kernel, int threads, size_t smem) {
 // instantiation file. plan.fwd_groups must be kGroups.
 template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  using T = FwdTraits<Element, kHeadDim, kGroups>;
+  using T = FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>;
   if (plan.fwd_groups != kGroups || (kTile == FwdTile::kNone && plan.tile_slots != 0) ||
       (kTile == FwdTile::kShared && !fwd_shared_tile(plan))) {
     return cudaErrorInvalidValue;

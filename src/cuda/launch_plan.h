@@ -145,15 +145,6 @@ constexpr int64_t kFewBackwardRows = 256;
 // The largest head dim whose dK/dV kernel also computes dQ.
 constexpr int kMaxFusedDqHeadDim = 64;
 
-// Shared memory of the 16-bit forward (FwdTraits) for a head-dim bucket and group count: per
-// group Q, two stages of K and V (rows of bucket + 8 elements), a float [64 x 72] bias tile
-// (two slots at least: a shared tile double-buffers in them) and two rows of key biases.
-constexpr size_t fwd_smem_bytes(int head_dim, int groups) {
-  const size_t seq = size_t{kTile} * (head_dim + 8) * 2;
-  const size_t tile = size_t{kTile} * (kTile + 8) * sizeof(float);
-  return groups * 5 * seq + (groups < 2 ? 2 : groups) * tile + groups * 2 * kTile * sizeof(float);
-}
-
 // Which tile bias a forward instantiation is compiled for (its `kTile`): any (runtime), none
 // (plan.tile_slots == 0), or the fast tile shared by the block's groups over n (fwd_shared_tile:
 // the Evoformer pair bias), whose fill then takes one chunk pair per thread.
@@ -161,6 +152,30 @@ enum class FwdTile { kAny, kNone, kShared };
 
 inline bool fwd_shared_tile(const LaunchPlan& plan) {
   return plan.tile_fast_slot >= 0 && plan.pair_over_n && plan.tile_shared_over_n;
+}
+
+// Row tiles of 16 a forward warp computes (FwdTraits::kWarpMTiles): two for the head-dim-64
+// kernel with a shared tile (kWideFwdGroups groups of two warps at 255 registers: each K and V
+// fragment a warp loads feeds two mmas), else one (groups of four warps).
+constexpr int fwd_warp_m_tiles(int head_dim, FwdTile tile) {
+  return head_dim == 64 && tile == FwdTile::kShared ? 2 : 1;
+}
+constexpr int kWideFwdGroups = 4;
+
+// Float bias tile slots of a forward block: one per group, at least two (a shared tile
+// double-buffers in them); two where every group reads the shared tile (wide warps).
+constexpr int fwd_tile_slots(int groups, int warp_m_tiles) {
+  return warp_m_tiles > 1 || groups < 2 ? 2 : groups;
+}
+
+// Shared memory of the 16-bit forward (FwdTraits) for a head-dim bucket, group count and warp
+// row tiles: per group Q, two stages of K and V (rows of bucket + 8 elements) and two rows of
+// key biases, plus the float [64 x 72] bias tile slots.
+constexpr size_t fwd_smem_bytes(int head_dim, int groups, int warp_m_tiles = 1) {
+  const size_t seq = size_t{kTile} * (head_dim + 8) * 2;
+  const size_t tile = size_t{kTile} * (kTile + 8) * sizeof(float);
+  return groups * 5 * seq + fwd_tile_slots(groups, warp_m_tiles) * tile +
+         groups * 2 * kTile * sizeof(float);
 }
 
 // Forward groups per block for a head-dim bucket on a GPU allowing `smem` bytes per block, the
