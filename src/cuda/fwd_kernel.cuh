@@ -197,6 +197,9 @@ __global__ void __launch_bounds__(
   // template forward 5% faster, msacol 1.4%; the shared-tile kernel, unspilled since its item
   // indices are 32-bit, msarow 0.329 -> 0.325 ms, b4tri384 0.984 -> 0.966; it ran 3% slower
   // while it spilled); D = 64 ran 1% slower.
+  // Q's fragments stay in registers across an item's key tiles, except in wide warps (two row
+  // tiles), where their 32 registers are better spent elsewhere: read from shared memory then.
+  constexpr bool kQInRegs = kMT == 1;
   // Wide warps (two row tiles) have independent work without spans.
   constexpr int kSoftmaxSpans = kMT == 1 && (kHeadDim <= 16 || kNoTile || kSharedTile) ? 2 : 1;
 
@@ -234,13 +237,16 @@ __global__ void __launch_bounds__(
     v_copy.copy_next(myV + s * kBlockN * kRowStride, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D,
                      vec_v, p.v, group_tid);
   };
-  // Starts an item: its Q, its first K/V tile into stage `s`, the raw bias of its first tile,
-  // its first key biases (the caller commits).
-  auto begin_item = [&](const Item& item, int s) {
-    const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
+  // Starts an item: its Q (with_q), its first K/V tile into stage `s`, the raw bias of its
+  // first tile, its first key biases (the caller commits).
+  auto load_q = [&](const Item& item) {
     load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(
         myQ, row_ptr<Element>(p.q, p.q_stride, item.b, item.n, item.h), item.i0, p.Lq, p.D, vec_q,
         group_tid);
+  };
+  auto begin_item = [&](const Item& item, int s, bool with_q) {
+    const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
+    if (with_q) load_q(item);
     k_copy = KVCopy(row_ptr<Element>(p.k, p.k_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
     v_copy = KVCopy(row_ptr<Element>(p.v, p.v_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
     copy_kv(s, j_begin);
@@ -261,7 +267,7 @@ __global__ void __launch_bounds__(
   // the second item on, an item's first loads are issued during the previous item's last key
   // tile, so its start costs no load latency.
   Item cur = decode(blockIdx.x);
-  begin_item(cur, 0);
+  begin_item(cur, 0, true);
   cp_async_commit();  // Q, K, V and the raw bias of the first key tile
   int walk = 0;  // key tiles done by the block: their parity picks K/V stages and bias buffers
   for (int64_t blk = blockIdx.x;;) {
@@ -270,7 +276,7 @@ __global__ void __launch_bounds__(
     bool next_begun = false;
     Item next = cur;
 
-    uint32_t q_frag[kMT][kKSteps][4];
+    uint32_t q_frag[kQInRegs ? kMT : 1][kQInRegs ? kKSteps : 1][4];
     float acc_o[kMT][kDTiles][4];
     float row_max[kMT][2], row_sum[kMT][2];
     #pragma unroll
@@ -309,17 +315,18 @@ __global__ void __launch_bounds__(
         cp_async_commit();
       } else if (has_next && it > 0) {
         next = decode(next_blk);
-        begin_item(next, stage ^ 1);
+        begin_item(next, stage ^ 1, kQInRegs);
         cp_async_commit();
         next_begun = true;
       }
 
-      if (it == 0) {
+      auto q_fragment = [&](uint32_t(&frag)[4], int mt, int kk) {
+        ldmatrix_x4(frag, myQ + (warp_row + 16 * mt + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
+      };
+      if (kQInRegs && it == 0) {
         #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
-          for (int kk = 0; kk < kKSteps; ++kk)
-            ldmatrix_x4(q_frag[mt][kk],
-                        myQ + (warp_row + 16 * mt + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
+          for (int kk = 0; kk < kKSteps; ++kk) q_fragment(q_frag[mt][kk], mt, kk);
       }
 
       // S = Q K^T.
@@ -330,16 +337,32 @@ __global__ void __launch_bounds__(
         for (int nt = 0; nt < kNTiles; ++nt)
           for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
       for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t qf[kMT][4];
+        #pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          if (kQInRegs) {
+            for (int e = 0; e < 4; ++e) qf[mt][e] = q_frag[mt][kk][e];
+          } else {
+            q_fragment(qf[mt], mt, kk);
+          }
+        }
         for (int np = 0; np < kNTiles / 2; ++np) {
           uint32_t kf[4];
           const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
           ldmatrix_x4(kf, Ks + key * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8);
           #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            mma_16816<Element>(s[mt][2 * np], q_frag[mt][kk], {kf[0], kf[1]});
-            mma_16816<Element>(s[mt][2 * np + 1], q_frag[mt][kk], {kf[2], kf[3]});
+            mma_16816<Element>(s[mt][2 * np], qf[mt], {kf[0], kf[1]});
+            mma_16816<Element>(s[mt][2 * np + 1], qf[mt], {kf[2], kf[3]});
           }
         }
+      }
+      // Q read from shared memory every tile: the next item's Q may replace it once both warps
+      // of the group have read it for the item's last tile.
+      if (!kQInRegs && next_begun) {
+        named_barrier_sync(1 + group, T::kGroupThreads);
+        load_q(next);
+        cp_async_commit();
       }
 
       // Scores in the log2 domain, then the online softmax on rows g and g + 8 (kSoftmaxSpans
@@ -492,7 +515,7 @@ __global__ void __launch_bounds__(
       // One key tile: its Q may still be read by another warp of the group.
       __syncthreads();
       next = decode(next_blk);
-      begin_item(next, walk & 1);
+      begin_item(next, walk & 1, true);
       cp_async_commit();
     }
     cur = next;

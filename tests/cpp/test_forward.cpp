@@ -40,6 +40,11 @@ std::vector<Case> grid() {
     // key tiles, the last group's past Lk) and enough to pair over n (N % 3 != 0: an idle group).
     cases.push_back(shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 130, 2, 70, 136, 64, dt).biases("bn11k", "b1hqk"));
+    // With more items, head dim 64 and a shared pair-bias tile take the wide-warp kernel on the
+    // H100 (four groups of two warps, N % 4 != 0: idle groups), blocks walking several items
+    // (the next item's Q loaded during an item's last key tile), also with one key tile.
+    cases.push_back(shape(1, 64, 8, 130, 136, 64, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(1, 66, 8, 70, 64, 64, dt).biases("bn11k", "b1hqk"));
   }
   // Scores rising along the keys: 0.2 per key moves the running max by ~18 (log2 units) a key
   // tile, past the CUDA forward's lazy-rescale slack every tile; 0.05 per key (~4.6 a tile)
@@ -57,6 +62,9 @@ std::vector<Case> grid() {
       Case paired = shape(1, 64, 4, 70, 136, 32, dt).biases("bn11k", "b1hqk");
       paired.key_ramp = ramp;
       cases.push_back(paired);
+      Case wide = shape(1, 64, 8, 70, 136, 64, dt).biases("bn11k", "b1hqk");  // wide warps
+      wide.key_ramp = ramp;
+      cases.push_back(wide);
       Case mask_only = shape(2, 3, 2, 70, 304, 32, dt).biases("bn11k", "");  // FwdTile::kNone
       mask_only.key_ramp = ramp;
       cases.push_back(mask_only);
