@@ -192,16 +192,19 @@ __global__ void __launch_bounds__(
   // kind: with no predicated tile reads they cost that loop no spills (H100: msarow forward
   // 0.360 -> 0.353 ms, b4tri384 1.11 -> 1.08).
   constexpr bool kLean = T::kLeanTile || kOneTileKind;
-  // The online softmax in two spans of 32 keys where registers allow: head dim <= 16 and the
-  // D = 32 kernels without tile code or with the shared tile (H100, same-run A/Bs: extramsa and
+  // The online softmax in two spans of 32 keys where registers allow: head dim <= 16, the
+  // D = 32 kernels without tile code or with the shared tile, and the wide-warp one (H100, same-run A/Bs: extramsa and
   // template forward 5% faster, msacol 1.4%; the shared-tile kernel, unspilled since its item
   // indices are 32-bit, msarow 0.329 -> 0.325 ms, b4tri384 0.984 -> 0.966; it ran 3% slower
-  // while it spilled); D = 64 ran 1% slower.
+  // while it spilled; the wide-warp D = 64 kernel, tri256d64 0.235 -> 0.231); the D = 64
+  // kernels of four-warp groups ran 1% slower.
+  constexpr int kSoftmaxSpans = kHeadDim <= 16 || kNoTile || kSharedTile ? 2 : 1;
   // Q's fragments stay in registers across an item's key tiles, except in wide warps (two row
-  // tiles), where their 32 registers are better spent elsewhere: read from shared memory then.
+  // tiles): read from shared memory there every tile, their 32 registers went to the loop
+  // (H100, same-run A/B: tri256d64 forward 0.277 -> 0.237 ms: no spills, fewer waits for the
+  // copies' address registers). Elsewhere from shared memory was within noise (msarow and
+  // extramsa 1% slower, b4tri384 1% faster).
   constexpr bool kQInRegs = kMT == 1;
-  // Wide warps (two row tiles) have independent work without spans.
-  constexpr int kSoftmaxSpans = kMT == 1 && (kHeadDim <= 16 || kNoTile || kSharedTile) ? 2 : 1;
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
   Element* myK = sK + group * 2 * kBlockN * kRowStride;

@@ -45,6 +45,10 @@ std::vector<Case> grid() {
     // (the next item's Q loaded during an item's last key tile), also with one key tile.
     cases.push_back(shape(1, 64, 8, 130, 136, 64, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 66, 8, 70, 64, 64, dt).biases("bn11k", "b1hqk"));
+    // Blocks walking items in the kernels with four-warp groups: head dim 64 without a tile
+    // bias (three groups), head dim 128 (two).
+    cases.push_back(shape(1, 64, 8, 130, 136, 64, dt).biases("bn11k", ""));
+    cases.push_back(shape(1, 32, 8, 70, 136, 128, dt).biases("bn11k", "b1hqk"));
   }
   // Scores rising along the keys: 0.2 per key moves the running max by ~18 (log2 units) a key
   // tile, past the CUDA forward's lazy-rescale slack every tile; 0.05 per key (~4.6 a tile)
