@@ -42,6 +42,7 @@ struct FwdTraits {
   static constexpr int kGroupThreads = 32 * kGroupWarps;
   static constexpr int kThreads = kGroups * kGroupThreads;
   // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
+  // (Wide warps, at head dim 64: one, 255 registers.)
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 2 : 1;
   // One block per SM (head dim >= 64) walks several work items, starting each item's loads
   // during the previous item's last key tile: H100, tri256d64 forward 7% faster. At two blocks
@@ -193,11 +194,11 @@ __global__ void __launch_bounds__(
   // 0.360 -> 0.353 ms, b4tri384 1.11 -> 1.08).
   constexpr bool kLean = T::kLeanTile || kOneTileKind;
   // The online softmax in two spans of 32 keys where registers allow: head dim <= 16, the
-  // D = 32 kernels without tile code or with the shared tile, and the wide-warp one (H100, same-run A/Bs: extramsa and
-  // template forward 5% faster, msacol 1.4%; the shared-tile kernel, unspilled since its item
-  // indices are 32-bit, msarow 0.329 -> 0.325 ms, b4tri384 0.984 -> 0.966; it ran 3% slower
-  // while it spilled; the wide-warp D = 64 kernel, tri256d64 0.235 -> 0.231); the D = 64
-  // kernels of four-warp groups ran 1% slower.
+  // D = 32 kernels without tile code or with the shared tile, and the wide-warp one (H100,
+  // same-run A/Bs: extramsa and template forward 5% faster, msacol 1.4%; the shared-tile
+  // kernel, unspilled since its item indices are 32-bit, msarow 0.329 -> 0.325 ms, b4tri384
+  // 0.984 -> 0.966, it ran 3% slower while it spilled; the wide-warp D = 64 kernel, tri256d64
+  // 0.235 -> 0.231); the D = 64 kernels of four-warp groups ran 1% slower.
   constexpr int kSoftmaxSpans = kHeadDim <= 16 || kNoTile || kSharedTile ? 2 : 1;
   // Q's fragments stay in registers across an item's key tiles, except in wide warps (two row
   // tiles): read from shared memory there every tile, their 32 registers went to the loop
@@ -240,13 +241,14 @@ __global__ void __launch_bounds__(
     v_copy.copy_next(myV + s * kBlockN * kRowStride, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D,
                      vec_v, p.v, group_tid);
   };
-  // Starts an item: its Q (with_q), its first K/V tile into stage `s`, the raw bias of its
-  // first tile, its first key biases (the caller commits).
+  // An item's Q into the group's Q buffer (the caller commits).
   auto load_q = [&](const Item& item) {
     load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(
         myQ, row_ptr<Element>(p.q, p.q_stride, item.b, item.n, item.h), item.i0, p.Lq, p.D, vec_q,
         group_tid);
   };
+  // Starts an item: its Q (with_q), its first K/V tile into stage `s`, the raw bias of its
+  // first tile, its first key biases (the caller commits).
   auto begin_item = [&](const Item& item, int s, bool with_q) {
     const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
     if (with_q) load_q(item);
@@ -361,7 +363,8 @@ __global__ void __launch_bounds__(
         }
       }
       // Q read from shared memory every tile: the next item's Q may replace it once both warps
-      // of the group have read it for the item's last tile.
+      // of the group have read it for the item's last tile (a barrier id a group: 1 + group;
+      // ptxas then reserves all 16 ids, harmless at one block per SM).
       if (!kQInRegs && next_begun) {
         named_barrier_sync(1 + group, T::kGroupThreads);
         load_q(next);
