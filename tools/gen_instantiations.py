@@ -72,12 +72,11 @@ def main() -> None:
                         write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast{suffix}.cu", header,
                                             f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, {kind}>{sig}",
                                             names)
-    header, fn, sig = KERNELS["fwd"]
-    for dname, dtype in DTYPES.items():
-        for hd, g in FWD_WIDE.items():
-            write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast_sharedtile.cu", header,
-                                f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, FwdTile::kShared>{sig}",
-                                names)
+                if kernel == "fwd" and hd in FWD_WIDE:
+                    g = FWD_WIDE[hd]
+                    write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast_sharedtile.cu", header,
+                                        f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, FwdTile::kShared>{sig}",
+                                        names)
     header, fn, sig = TF32_FWD
     for hd in HEAD_DIMS:
         write_instantiation(out, f"fwd_tf32_hdim{hd}.cu", header, f"cudaError_t {fn}<{hd}>{sig}",

@@ -19,6 +19,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_fp16_hdim64_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g1_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g1_generic.cu
+  cuda/instantiations/fwd_fp16_hdim64_g4_fast_sharedtile.cu
   cuda/instantiations/fwd_fp16_hdim128_g2_fast.cu
   cuda/instantiations/fwd_fp16_hdim128_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim128_g1_fast.cu
@@ -37,6 +38,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_bf16_hdim64_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g1_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g1_generic.cu
+  cuda/instantiations/fwd_bf16_hdim64_g4_fast_sharedtile.cu
   cuda/instantiations/fwd_bf16_hdim128_g2_fast.cu
   cuda/instantiations/fwd_bf16_hdim128_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim128_g1_fast.cu
@@ -75,8 +77,6 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_rows_bf16_hdim64_generic.cu
   cuda/instantiations/bwd_rows_bf16_hdim128_fast.cu
   cuda/instantiations/bwd_rows_bf16_hdim128_generic.cu
-  cuda/instantiations/fwd_fp16_hdim64_g4_fast_sharedtile.cu
-  cuda/instantiations/fwd_bf16_hdim64_g4_fast_sharedtile.cu
   cuda/instantiations/fwd_tf32_hdim16.cu
   cuda/instantiations/fwd_tf32_hdim32.cu
   cuda/instantiations/fwd_tf32_hdim64.cu

@@ -36,8 +36,9 @@ std::vector<Case> grid() {
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", ""));
     cases.push_back(shape(1, 64, 4, 130, 136, 16, dt).biases("bn11k", ""));
     cases.push_back(shape(1, 1, 200, 130, 96, 8, dt));
-    // Head dim 64 takes three groups per block on the H100: few items (the groups split four
-    // key tiles, the last group's past Lk) and enough to pair over n (N % 3 != 0: an idle group).
+    // Head dim 64: few items (three groups per block on the H100 split four key tiles, the last
+    // group's past Lk) and enough to pair over n (on the H100 the wide-warp kernel, N % 4 != 0:
+    // idle groups).
     cases.push_back(shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 130, 2, 70, 136, 64, dt).biases("bn11k", "b1hqk"));
     // With more items, head dim 64 and a shared pair-bias tile take the wide-warp kernel on the
