@@ -230,16 +230,23 @@ __global__ void __launch_bounds__(
   const int key_slot = kKeysInTwoWarps ? (warp % T::kGroupWarps) * 32 + lane : (warp % 4) * 16 + lane;
   const bool key_filler = kKeysInTwoWarps ? warp % T::kGroupWarps < 2 : lane < 16;
 
-  using KVCopy = SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>;
+  using KVCopy = std::conditional_t<kFast, SeqTileStream32<Element, kBlockN, kHeadDim, T::kGroupThreads>,
+                                    SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>>;
   KVCopy k_copy, v_copy;
   BiasTileStream<Element, kLean, Index> prefetch;
   KeyBiasStream<Index> key_bias;
   // Key tiles are copied in order: j is the start of the next one.
   auto copy_kv = [&](int s, int64_t j) {
-    k_copy.copy_next(myK + s * kBlockN * kRowStride, j, p.Lk, p.k_stride.l, p.k_stride.d, p.D,
-                     vec_k, p.k, group_tid);
-    v_copy.copy_next(myV + s * kBlockN * kRowStride, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D,
-                     vec_v, p.v, group_tid);
+    Element* k_tile = myK + s * kBlockN * kRowStride;
+    Element* v_tile = myV + s * kBlockN * kRowStride;
+    if constexpr (kFast) {
+      const int lk = static_cast<int>(p.Lk), j32 = static_cast<int>(j);
+      k_copy.copy_next(k_tile, static_cast<const Element*>(p.k), j32, lk, static_cast<int>(p.k_stride.l));
+      v_copy.copy_next(v_tile, static_cast<const Element*>(p.v), j32, lk, static_cast<int>(p.v_stride.l));
+    } else {
+      k_copy.copy_next(k_tile, j, p.Lk, p.k_stride.l, p.k_stride.d, p.D, vec_k, p.k, group_tid);
+      v_copy.copy_next(v_tile, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D, vec_v, p.v, group_tid);
+    }
   };
   // An item's Q into the group's Q buffer (the caller commits).
   auto load_q = [&](const Item& item) {
@@ -252,8 +259,18 @@ __global__ void __launch_bounds__(
   auto begin_item = [&](const Item& item, int s, bool with_q) {
     const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
     if (with_q) load_q(item);
-    k_copy = KVCopy(row_ptr<Element>(p.k, p.k_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
-    v_copy = KVCopy(row_ptr<Element>(p.v, p.v_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
+    if constexpr (kFast) {
+      auto stream = [&](const SeqStrides& st) {
+        const Index bnh = item.b * static_cast<Index>(st.b) + item.n * static_cast<Index>(st.n) +
+                          item.h * static_cast<Index>(st.h);
+        return KVCopy(bnh, j_begin, static_cast<int>(st.l), p.D, group_tid);
+      };
+      k_copy = stream(p.k_stride);
+      v_copy = stream(p.v_stride);
+    } else {
+      k_copy = KVCopy(row_ptr<Element>(p.k, p.k_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
+      v_copy = KVCopy(row_ptr<Element>(p.v, p.v_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
+    }
     copy_kv(s, j_begin);
     if (fast_tile) {
       prefetch.start(p, plan, fill, item.b, item.n, item.h, item.i0, j_begin);

@@ -199,6 +199,54 @@ struct SeqTileStream : SeqTileShape<kRows, kHeadDim, kThreads> {
   }
 };
 
+// SeqTileStream for the fast forwards (LaunchPlan::offsets32: every offset below 2^30; 16-byte
+// copies, unit D stride): the thread's place is a 32-bit element offset from the tensor's base,
+// so a chunk's address is base + (offset + pass * row stride), the stride a 32-bit parameter
+// operand. The 64-bit form reloaded its 64-bit strides (LDC) every tile into registers a
+// cp.async had just used as an address, and so waited behind the copy queue (ncu, the D = 64
+// wide-warp forward: 12% of its stall samples). Three registers of state.
+template <typename Element, int kRows, int kHeadDim, int kThreads>
+struct SeqTileStream32 : SeqTileShape<kRows, kHeadDim, kThreads> {
+  using Shape = SeqTileShape<kRows, kHeadDim, kThreads>;
+  using Shape::kRowStride, Shape::kChunksPerRow, Shape::kRowsPerPass, Shape::kPasses;
+
+  int next;  // the thread's chunk in the next tile's first row, from the base (strides may be < 0)
+  int row;   // the thread's first row in a tile; 2^30 (never copied) past D
+  int dst;   // the thread's first element in a tile
+
+  SeqTileStream32() = default;
+  // `bnh`: the offset of (b, n, h); the first tile starts at row `row0`.
+  __device__ __forceinline__ SeqTileStream32(int bnh, int row0, int row_stride, int D, int tid) {
+    const int r0 = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
+    next = bnh + (row0 + r0) * row_stride + d;
+    row = d < D ? r0 : 1 << 30;
+    dst = r0 * kRowStride + d;
+  }
+
+  // Rows [row0, row0 + kRows) into `tile` (row0: the start of the tile `next` points into);
+  // rows >= num_rows zero-filled (from `base`, inside the tensor). Then steps to the next tile.
+  __device__ __forceinline__ void copy_next(Element* tile, const Element* base, int row0,
+                                           int num_rows, int row_stride) {
+    const int left = num_rows - row0;
+    // A whole tile, and the thread's chunk inside D: no per-chunk bounds (as SeqTileStream).
+    if (kPasses >= 2 && left >= kRows && row < kRows) {
+#pragma unroll
+      for (int k = 0; k < kPasses; ++k) {
+        cp_async_16(tile + dst + k * kRowsPerPass * kRowStride,
+                    base + (next + k * kRowsPerPass * row_stride), true);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPasses; ++k) {
+        const bool valid = row + k * kRowsPerPass < left;  // rows of a tile are < kRows
+        cp_async_16(tile + dst + k * kRowsPerPass * kRowStride,
+                    base + (valid ? next + k * kRowsPerPass * row_stride : 0), valid);
+      }
+    }
+    next += kRows * row_stride;
+  }
+};
+
 // The per-key biases (slots with stride_q == 0) of one key column. The raw bits are fetched
 // a tile ahead and decoded, summed and scaled by log2(e) only when stored, so the global-load
 // latency hides behind the current tile's math. -inf past Lk. With one key slot (the usual
@@ -283,13 +331,10 @@ struct KeyBiasPrefetch {
 // compare, a load and a pointer step. Several slots take the general path. Index: as row_ptr.
 template <typename Index = int64_t>
 struct KeyBiasStream : KeyBiasPrefetch {
-  const unsigned char* next;  // one key slot: the next column's bytes
-  Index col;                  // the next column
-  Index left;                 // Lk - col
-
-  __device__ __forceinline__ static int dtype_bytes(DType t) {
-    return t == DType::kF32 ? 4 : t == DType::kBool ? 1 : 2;
-  }
+  Index next;  // one key slot: the next column's element offset (32-bit in the fast kernels:
+               // no 64-bit pointer step a tile)
+  Index col;   // the next column
+  Index left;  // Lk - col
 
   __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan, Index b,
                                         Index n, Index h, Index col0) {
@@ -298,9 +343,8 @@ struct KeyBiasStream : KeyBiasPrefetch {
     if (plan.key_single_slot < 0) return;
     const BiasParams& bp = plan.key_single;
     const ScoreStrides& st = bp.stride;
-    const Index offset = b * static_cast<Index>(st.b) + n * static_cast<Index>(st.n) +
-                         h * static_cast<Index>(st.h) + col0 * static_cast<Index>(st.k);
-    next = static_cast<const unsigned char*>(bp.ptr) + static_cast<int64_t>(offset) * dtype_bytes(bp.dtype);
+    next = b * static_cast<Index>(st.b) + n * static_cast<Index>(st.n) +
+           h * static_cast<Index>(st.h) + col0 * static_cast<Index>(st.k);
   }
 
   template <bool kSingle = false>
@@ -311,13 +355,13 @@ struct KeyBiasStream : KeyBiasPrefetch {
       if (plan.key_single_slot >= 0) {
         const BiasParams& bp = plan.key_single;
         // Past Lk: the bias's element 0, ignored by value_log2 (see load).
-        const unsigned char* src = valid ? next : static_cast<const unsigned char*>(bp.ptr);
+        const Index i = valid ? next : 0;
         switch (bp.dtype) {
-          case DType::kF32: raw[0] = *reinterpret_cast<const uint32_t*>(src); break;
-          case DType::kBool: raw[0] = *src; break;
-          default: raw[0] = *reinterpret_cast<const uint16_t*>(src); break;
+          case DType::kF32: raw[0] = static_cast<const uint32_t*>(bp.ptr)[i]; break;
+          case DType::kBool: raw[0] = static_cast<const uint8_t*>(bp.ptr)[i]; break;
+          default: raw[0] = static_cast<const uint16_t*>(bp.ptr)[i]; break;
         }
-        next += kTile * bp.stride.k * dtype_bytes(bp.dtype);
+        next += kTile * static_cast<Index>(bp.stride.k);
       }
     } else {
       load(p, plan, b, n, h, col);
@@ -409,7 +453,7 @@ struct BiasTilePrefetch {
 template <typename Element, bool kKeepStale, typename Index = int64_t>
 struct BiasTileStream : BiasTilePrefetch<Element> {
   using BiasTilePrefetch<Element>::raw;
-  const uint16_t* next;      // the thread's first chunk of the next tile
+  Index next;  // the thread's first chunk of the next tile, from the base (as KeyBiasStream)
   Index rows_left, cols_left;  // from the thread's first row / column of the next tile to Lq / Lk
 
   __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan,
@@ -417,10 +461,8 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
                                         Index j0) {
     const BiasParams& bp = plan.tile_single;
     const Index i = i0 + f.row, j = j0 + f.col0;
-    next = static_cast<const uint16_t*>(bp.ptr) + (b * static_cast<Index>(bp.stride.b) +
-                                                   n * static_cast<Index>(bp.stride.n) +
-                                                   h * static_cast<Index>(bp.stride.h) +
-                                                   i * static_cast<Index>(bp.stride.q) + j);
+    next = b * static_cast<Index>(bp.stride.b) + n * static_cast<Index>(bp.stride.n) +
+           h * static_cast<Index>(bp.stride.h) + i * static_cast<Index>(bp.stride.q) + j;
     rows_left = static_cast<Index>(p.Lq) - i;
     cols_left = static_cast<Index>(p.Lk) - j;
     if constexpr (kKeepStale) {
@@ -430,13 +472,14 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
   }
 
   __device__ __forceinline__ void load_next(const LaunchPlan& plan, const BiasFill& f) {
-    const int64_t row_stride = plan.tile_single.stride.q;
+    const uint16_t* base = static_cast<const uint16_t*>(plan.tile_single.ptr);
+    const Index row_stride = static_cast<Index>(plan.tile_single.stride.q);
     for (int u = 0; u < 2; ++u) {
       if (u >= f.units) break;
       for (int half = 0; half < 2; ++half) {
         // Fast tiles have Lk % 8 == 0: a chunk is wholly inside or wholly past Lk.
         const bool ok = rows_left > 32 * u && cols_left > 8 * half;
-        const uint4* src = reinterpret_cast<const uint4*>(next + 32 * u * row_stride + 8 * half);
+        const uint4* src = reinterpret_cast<const uint4*>(base + (next + 32 * u * row_stride + 8 * half));
         if constexpr (kKeepStale) {
           if (ok) raw[u][half] = *src;
         } else {
