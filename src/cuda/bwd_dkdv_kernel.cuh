@@ -143,12 +143,25 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   // (cp.async). Rows past Lq get row_max = +inf (P = 0), stored directly: the stage is not read
   // before the barrier that waits for the copies.
   using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
+  // kFast: 32-bit offsets (bwd_fast_path: LaunchPlan::offsets32).
+  auto bnh32 = [&](const SeqStrides& st) {
+    return static_cast<int>(b) * static_cast<int>(st.b) + static_cast<int>(n) * static_cast<int>(st.n) +
+           static_cast<int>(h) * static_cast<int>(st.h);
+  };
   auto load_query_tile = [&](int qt, int s) {
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
-    const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
-    const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
-    q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_q), tid);
-    do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, (kFast || plan.vec_do), tid);
+    if constexpr (kFast) {
+      const int row0 = qt * kBlockM, lq = static_cast<int>(p.Lq);
+      copy_seq_tile32<Element, kBlockM, kHeadDim, 128>(sQ + s * T::kSeqElems, static_cast<const Element*>(p.q),
+          bnh32(p.q_stride), row0, lq, static_cast<int>(p.q_stride.l), p.D, tid);
+      copy_seq_tile32<Element, kBlockM, kHeadDim, 128>(sdO + s * T::kSeqElems, static_cast<const Element*>(p.d_o),
+          bnh32(p.do_stride), row0, lq, static_cast<int>(p.do_stride.l), p.D, tid);
+    } else {
+      const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
+      const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
+      q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_q, tid);
+      do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_do, tid);
+    }
     if (tid < kBlockM) {
       const int64_t i = i0 + tid;
       float* dst = sStats + s * 3 * kBlockM + tid;
@@ -179,8 +192,16 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   for (int kt = kt_first; kt < kt_end; ++kt) {
     const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
     // The previous key tile's last barrier freed K, V and the key biases.
-    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h), j0, p.Lk, p.D, (kFast || plan.vec_k), tid);
-    load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h), j0, p.Lk, p.D, (kFast || plan.vec_v), tid);
+    if constexpr (kFast) {
+      const int lk = static_cast<int>(p.Lk);
+      copy_seq_tile32<Element, kBlockN, kHeadDim, 128>(sK, static_cast<const Element*>(p.k), bnh32(p.k_stride),
+          kt * kBlockN, lk, static_cast<int>(p.k_stride.l), p.D, tid);
+      copy_seq_tile32<Element, kBlockN, kHeadDim, 128>(sV, static_cast<const Element*>(p.v), bnh32(p.v_stride),
+          kt * kBlockN, lk, static_cast<int>(p.v_stride.l), p.D, tid);
+    } else {
+      load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h), j0, p.Lk, p.D, plan.vec_k, tid);
+      load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h), j0, p.Lk, p.D, plan.vec_v, tid);
+    }
     cp_async_commit();
     if (tid < kBlockN) {  // the key tile's biases load once
       KeyBiasPrefetch key_bias;

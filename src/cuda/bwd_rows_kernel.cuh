@@ -132,11 +132,15 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   TileCoord cur = rows_coord(task, p, plan, block, it_begin);
   // kOverN: every iteration is the next n of the same (b, h, q-tile, k-tile), and these walk
   // it (unused, and compiled out, otherwise).
-  const int64_t i_first = cur.qt * kBlockM, j_first = cur.kt * kBlockN;
-  Walk q_walk(p.q, p.q_stride, cur.b, cur.n, cur.h, i_first, p.Lq, p.D, tid);
-  Walk do_walk(p.d_o, p.do_stride, cur.b, cur.n, cur.h, i_first, p.Lq, p.D, tid);
-  Walk k_walk(p.k, p.k_stride, cur.b, cur.n, cur.h, j_first, p.Lk, p.D, tid);
-  Walk v_walk(p.v, p.v_stride, cur.b, cur.n, cur.h, j_first, p.Lk, p.D, tid);
+  // 32-bit (bwd_fast_path: LaunchPlan::offsets32).
+  const int i_first = static_cast<int>(cur.qt) * kBlockM, j_first = static_cast<int>(cur.kt) * kBlockN;
+  const int lq = static_cast<int>(p.Lq), lk = static_cast<int>(p.Lk);
+  auto walk = [&](const SeqStrides& st, int row0, int num_rows) {
+    return Walk(st, static_cast<int>(cur.b), static_cast<int>(cur.n), static_cast<int>(cur.h), row0,
+                num_rows, p.D, tid);
+  };
+  Walk q_walk = walk(p.q_stride, i_first, lq), do_walk = walk(p.do_stride, i_first, lq);
+  Walk k_walk = walk(p.k_stride, j_first, lk), v_walk = walk(p.v_stride, j_first, lk);
   // Q and dO of a query tile into stage s, with its rows' statistics (threads 0..63 one row
   // each; zero past Lq, where the reader takes row_max = +inf, so P = 0).
   auto load_q = [&](const TileCoord& c, int s) {
@@ -152,10 +156,10 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
       cp_async_4(dst + 2 * kBlockM, src + (valid ? 2 * rows : 0), valid);
     }
     if constexpr (kOverN) {
-      q_walk.copy_next(sQ + s * T::kSeqElems, p.Lq - i_first, p.D, p.q_stride.l, p.q_stride.n,
-                       p.q, tid);
-      do_walk.copy_next(sdO + s * T::kSeqElems, p.Lq - i_first, p.D, p.do_stride.l,
-                        p.do_stride.n, p.d_o, tid);
+      q_walk.copy_next(sQ + s * T::kSeqElems, lq - i_first, p.D, static_cast<int>(p.q_stride.l),
+                       static_cast<int>(p.q_stride.n), static_cast<const Element*>(p.q), tid);
+      do_walk.copy_next(sdO + s * T::kSeqElems, lq - i_first, p.D, static_cast<int>(p.do_stride.l),
+                        static_cast<int>(p.do_stride.n), static_cast<const Element*>(p.d_o), tid);
       return;
     }
     Copy{row_ptr<Element>(p.q, p.q_stride, c.b, c.n, c.h)}.copy(
@@ -165,10 +169,10 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   };
   auto load_kv = [&](const TileCoord& c, int s) {
     if constexpr (kOverN) {
-      k_walk.copy_next(sK + s * T::kSeqElems, p.Lk - j_first, p.D, p.k_stride.l, p.k_stride.n,
-                       p.k, tid);
-      v_walk.copy_next(sV + s * T::kSeqElems, p.Lk - j_first, p.D, p.v_stride.l, p.v_stride.n,
-                       p.v, tid);
+      k_walk.copy_next(sK + s * T::kSeqElems, lk - j_first, p.D, static_cast<int>(p.k_stride.l),
+                       static_cast<int>(p.k_stride.n), static_cast<const Element*>(p.k), tid);
+      v_walk.copy_next(sV + s * T::kSeqElems, lk - j_first, p.D, static_cast<int>(p.v_stride.l),
+                       static_cast<int>(p.v_stride.n), static_cast<const Element*>(p.v), tid);
       return;
     }
     Copy{row_ptr<Element>(p.k, p.k_stride, c.b, c.n, c.h)}.copy(

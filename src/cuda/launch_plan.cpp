@@ -33,7 +33,8 @@ bool pairs_storable(const void* ptr, const SeqStrides& s, int D, DType t) {
 // counting the query and key dimensions a tile (64 rows) longer, as the copies' pointers run
 // that far ahead. In double: no overflow for any strides, and the 2^30 limit leaves room for
 // the rounding and for sums of two such offsets.
-bool offsets_fit_32(const FwdParams& p) {
+// `extra`: a further [B, N, L, H, D] tensor with L = Lq (the backward's dO), or nullptr.
+bool offsets_fit_32(const FwdParams& p, const SeqStrides* extra = nullptr) {
   auto span = [](std::initializer_list<std::pair<int64_t, int64_t>> dims) {
     double s = 0.0;
     for (const auto& [stride, extent] : dims) {
@@ -48,6 +49,7 @@ bool offsets_fit_32(const FwdParams& p) {
   double most = std::max({seq(p.q_stride, lq), seq(p.k_stride, lk), seq(p.v_stride, lk), seq(p.o_stride, lq),
                           span({{p.lse_stride_b, p.B}, {p.lse_stride_n, p.N}, {p.lse_stride_h, p.H},
                                 {p.lse_stride_q, lq}})});
+  if (extra != nullptr) most = std::max(most, seq(*extra, lq));
   for (const BiasParams& b : p.bias) {
     if (b.ptr == nullptr) continue;
     const ScoreStrides& st = b.stride;
@@ -171,6 +173,7 @@ LaunchPlan make_launch_plan(const BwdParams& p, int block_m, int block_n) {
   plan.dq_in_smem = false;  // the dispatcher decides it for the GPU
   plan.dq_width = static_cast<int32_t>(dq_row_floats(p));  // dq_accum: the dispatcher places it
   plan.vec_do = rows_vectorizable(p.d_o, p.do_stride, p.D, p.dtype);
+  plan.offsets32 = offsets_fit_32(p, &p.do_stride);  // the pair-bias gradient's n walk reads dO too
   plan.vec_o = rows_vectorizable(p.o, p.o_stride, p.D, p.dtype);
   plan.pairs_dq = pairs_storable(p.dq, p.dq_stride, p.D, p.dtype);
   plan.pairs_dk = pairs_storable(p.dk, p.dk_stride, p.D, p.dtype);

@@ -58,6 +58,7 @@ struct LaunchPlan {
   bool tile_shared_over_n;   // every tile slot has stride_n == 0 (the Evoformer pair bias)
   // Every element offset the forward forms (Q, K, V, O, LSE, each bias; rows a tile past the
   // end included) is below 2^30 in magnitude: its fast kernels index in 32-bit arithmetic.
+  // A backward plan counts dO too (bwd_fast_path).
   bool offsets32;
   // A copy of p.bias[key_single_slot] (when >= 0): the kernels read it at fixed parameter
   // offsets instead of indexing p.bias at run time.
@@ -109,8 +110,11 @@ inline bool fast_bias_and_rows(const LaunchPlan& plan) {
 // Whether a forward can take them: also offsets that fit its 32-bit arithmetic (offsets32).
 inline bool fwd_fast_path(const LaunchPlan& plan) { return fast_bias_and_rows(plan) && plan.offsets32; }
 
-// The backward's kernels likewise (64-bit indices), with 16-byte dO rows too.
-inline bool bwd_fast_path(const LaunchPlan& plan) { return fast_bias_and_rows(plan) && plan.vec_do; }
+// The backward's kernels likewise, with 16-byte dO rows too and offsets (dO's included) that
+// fit the 32-bit walk of the pair-bias gradient over n.
+inline bool bwd_fast_path(const LaunchPlan& plan) {
+  return fast_bias_and_rows(plan) && plan.vec_do && plan.offsets32;
+}
 
 // The iteration space of the query-side backward kernels: `loop_*` dimensions are walked
 // inside a block (in the order b, n, h, q-tile, k-tile, the last fastest); the others index

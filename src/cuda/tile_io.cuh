@@ -105,39 +105,56 @@ struct SeqTileCopy : SeqTileShape<kRows, kHeadDim, kThreads> {
   }
 };
 
+// SeqTileCopy's 16-byte path in 32-bit offsets (LaunchPlan::offsets32): rows [row0, row0 +
+// kRows) of the (b, n, h) at element offset `bnh` of `base`; rows >= num_rows zero-filled.
+template <typename Element, int kRows, int kHeadDim, int kThreads>
+__device__ __forceinline__ void copy_seq_tile32(Element* smem, const Element* base, int bnh,
+                                                int row0, int num_rows, int row_stride, int D,
+                                                int tid) {
+  using Shape = SeqTileShape<kRows, kHeadDim, kThreads>;
+  const int row = tid / Shape::kChunksPerRow, d = (tid % Shape::kChunksPerRow) * 8;
+  const int left = d < D ? num_rows - row0 - row : 0;
+  const int first = bnh + (row0 + row) * row_stride + d;
+#pragma unroll
+  for (int k = 0; k < Shape::kPasses; ++k) {
+    const bool valid = k * Shape::kRowsPerPass < left;
+    cp_async_16(smem + (row + k * Shape::kRowsPerPass) * Shape::kRowStride + d,
+                base + (valid ? first + k * Shape::kRowsPerPass * row_stride : 0), valid);
+  }
+}
+
 // SeqTileCopy for a kernel that copies the same rows of consecutive n (the pair-bias gradient's
-// loop over n): the thread keeps a pointer to its first chunk in the next n, so a tile costs
-// per chunk a bounds test, a select and a cp.async, plus one pointer step — no 64-bit index
-// arithmetic. 16-byte copies only. Two registers: the kernel that walks four tensors has few.
+// loop over n): the thread keeps the element offset of its first chunk in the next n, 32-bit
+// (LaunchPlan::offsets32, bwd_fast_path), so a tile costs per chunk a bounds test, a select and
+// a cp.async, plus one add — no 64-bit index arithmetic, no 64-bit state (the kernel walks four
+// tensors, and its 64-bit pointers were spilled and reloaded every n). 16-byte copies only.
 template <typename Element, int kRows, int kHeadDim, int kThreads>
 struct SeqTileNWalk : SeqTileShape<kRows, kHeadDim, kThreads> {
   using Shape = SeqTileShape<kRows, kHeadDim, kThreads>;
   using Shape::kRowStride, Shape::kChunksPerRow, Shape::kRowsPerPass, Shape::kPasses;
 
-  const Element* next;  // the thread's chunk of pass 0 in the next n (inside the tensor)
+  int next;  // the thread's chunk of pass 0 in the next n, from the base (inside the tensor)
 
   // Rows [row0, row0 + kRows) of (b, n0, h) first.
-  __device__ __forceinline__ SeqTileNWalk(const void* base, const SeqStrides& s, int64_t b,
-                                          int64_t n0, int64_t h, int64_t row0, int64_t num_rows,
-                                          int D, int tid) {
+  __device__ __forceinline__ SeqTileNWalk(const SeqStrides& s, int b, int n0, int h, int row0,
+                                          int num_rows, int D, int tid) {
     const int row = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
     const bool inside = row0 + row < num_rows && d < D;
-    next = static_cast<const Element*>(base) + b * s.b + n0 * s.n + h * s.h +
-           (inside ? (row0 + row) * s.l + d : 0);
+    next = b * static_cast<int>(s.b) + n0 * static_cast<int>(s.n) + h * static_cast<int>(s.h) +
+           (inside ? (row0 + row) * static_cast<int>(s.l) + d : 0);
   }
 
   // This n's rows into `tile`; rows past the end (`rows_left` = num_rows - row0) zero-filled
-  // (`safe`: any address inside the tensor). Then steps to the next n.
-  __device__ __forceinline__ void copy_next(Element* tile, int64_t rows_left, int D,
-                                           int64_t row_stride, int64_t n_stride, const void* safe,
-                                           int tid) {
+  // (from `base`, inside the tensor). Then steps to the next n.
+  __device__ __forceinline__ void copy_next(Element* tile, int rows_left, int D, int row_stride,
+                                           int n_stride, const Element* base, int tid) {
     const int row = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
-    const int64_t left = d < D ? rows_left - row : 0;
+    const int left = d < D ? rows_left - row : 0;
 #pragma unroll
     for (int k = 0; k < kPasses; ++k) {
       const bool valid = k * kRowsPerPass < left;
       cp_async_16(tile + row * kRowStride + d + k * kRowsPerPass * kRowStride,
-                  valid ? next + k * kRowsPerPass * row_stride : safe, valid);
+                  base + (valid ? next + k * kRowsPerPass * row_stride : 0), valid);
     }
     next += n_stride;
   }

@@ -410,8 +410,33 @@ TEST(LaunchPlan, Offsets32OnlyBelow2To30) {
   EXPECT_TRUE(cuda::fwd_fast_path(plan_for(256, 1, false)));
   EXPECT_FALSE(cuda::fwd_fast_path(plan_for(256, 1, true)));
 }
+
+// The backward's fast kernels index Q, dO, K and V in int32 too (the pair-bias gradient's walk
+// over n, the dK/dV kernel's tile copies): a backward plan also counts dO's offsets, and
+// without offsets32 the generic kernels run.
+TEST(LaunchPlan, BackwardOffsets32CountsDo) {
+  alignas(16) static char data[16];
+  auto plan_for = [&](int64_t do_n_stride) {
+    BwdParams p{};
+    p.B = 1, p.N = 256, p.H = 4, p.Lq = p.Lk = 256, p.D = 32, p.dtype = DType::kBF16;
+    p.q = p.k = p.v = p.d_o = data;
+    p.o = data;
+    const SeqStrides seq{256 * 256 * 4 * 32, 256 * 4 * 32, 4 * 32, 32, 1};
+    p.q_stride = p.k_stride = p.v_stride = p.o_stride = p.do_stride = seq;
+    p.do_stride.n = do_n_stride;
+    p.lse_stride_q = 1, p.lse_stride_h = 256, p.lse_stride_n = 4 * 256, p.lse_stride_b = 256 * 4 * 256;
+    p.bias[1] = BiasParams{data, DType::kBF16, {0, 0, 256 * 256, 256, 1}};
+    return cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  };
+  EXPECT_TRUE(plan_for(256 * 4 * 32).offsets32);
+  EXPECT_TRUE(cuda::bwd_fast_path(plan_for(256 * 4 * 32)));
+  // dO's rows 2^23 elements apart over 256 n: past 2^30.
+  EXPECT_FALSE(plan_for(int64_t{1} << 23).offsets32);
+  EXPECT_FALSE(cuda::bwd_fast_path(plan_for(int64_t{1} << 23)));
+}
 #else
 TEST(LaunchPlan, Offsets32OnlyBelow2To30) { GTEST_SKIP() << "needs the CUDA backend's planner"; }
+TEST(LaunchPlan, BackwardOffsets32CountsDo) { GTEST_SKIP() << "needs the CUDA backend's planner"; }
 #endif
 
 // The forward's work-item decode and the row statistics divide by multiplies (cuda::fast_div and
