@@ -145,8 +145,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
   // kFast: 32-bit offsets (bwd_fast_path: LaunchPlan::offsets32).
   auto bnh32 = [&](const SeqStrides& st) {
-    return static_cast<int>(b) * static_cast<int>(st.b) + static_cast<int>(n) * static_cast<int>(st.n) +
-           static_cast<int>(h) * static_cast<int>(st.h);
+    return bnh_offset(st, static_cast<int>(b), static_cast<int>(n), static_cast<int>(h));
   };
   auto load_query_tile = [&](int qt, int s) {
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;

@@ -261,9 +261,7 @@ __global__ void __launch_bounds__(
     if (with_q) load_q(item);
     if constexpr (kFast) {
       auto stream = [&](const SeqStrides& st) {
-        const Index bnh = item.b * static_cast<Index>(st.b) + item.n * static_cast<Index>(st.n) +
-                          item.h * static_cast<Index>(st.h);
-        return KVCopy(bnh, j_begin, static_cast<int>(st.l), p.D, group_tid);
+        return KVCopy(bnh_offset(st, item.b, item.n, item.h), j_begin, static_cast<int>(st.l), p.D, group_tid);
       };
       k_copy = stream(p.k_stride);
       v_copy = stream(p.v_stride);

@@ -21,14 +21,18 @@ struct RowPtr {
   int64_t row_stride, d_stride;
 };
 
-// Index: int64_t, or int32_t where every offset of the tensor fits (LaunchPlan::offsets32):
-// one multiply-add a term instead of three.
+// The element offset of (b, n, h) in a [B, N, L, H, D] tensor. Index: int64_t, or int32_t where
+// every offset of the tensor fits (LaunchPlan::offsets32): one multiply-add a term instead of
+// three.
+template <typename Index>
+__device__ __forceinline__ Index bnh_offset(const SeqStrides& s, Index b, Index n, Index h) {
+  return b * static_cast<Index>(s.b) + n * static_cast<Index>(s.n) + h * static_cast<Index>(s.h);
+}
+
 template <typename Element, typename Index>
 __device__ __forceinline__ RowPtr row_ptr(const void* base, const SeqStrides& s, Index b, Index n,
                                           Index h) {
-  const Index offset = b * static_cast<Index>(s.b) + n * static_cast<Index>(s.n) +
-                       h * static_cast<Index>(s.h);
-  return RowPtr{static_cast<const Element*>(base) + offset, s.l, s.d};
+  return RowPtr{static_cast<const Element*>(base) + bnh_offset(s, b, n, h), s.l, s.d};
 }
 
 // Copies rows [row0, row0 + kRows) (rows >= num_rows are zero) into smem. `vec` = 16-byte
@@ -140,8 +144,7 @@ struct SeqTileNWalk : SeqTileShape<kRows, kHeadDim, kThreads> {
                                           int num_rows, int D, int tid) {
     const int row = tid / kChunksPerRow, d = (tid % kChunksPerRow) * 8;
     const bool inside = row0 + row < num_rows && d < D;
-    next = b * static_cast<int>(s.b) + n0 * static_cast<int>(s.n) + h * static_cast<int>(s.h) +
-           (inside ? (row0 + row) * static_cast<int>(s.l) + d : 0);
+    next = bnh_offset(s, b, n0, h) + (inside ? (row0 + row) * static_cast<int>(s.l) + d : 0);
   }
 
   // This n's rows into `tile`; rows past the end (`rows_left` = num_rows - row0) zero-filled
