@@ -19,6 +19,12 @@ std::vector<Case> layout_cases() {
     for (Layout in : in_layouts) cases.push_back(Case(base).layouts(in, Layout::kContiguous));
     for (Layout out : out_layouts) cases.push_back(Case(base).layouts(Layout::kContiguous, out));
   }
+  // Reversed rows on the fast kernels (16-byte rows, Lk % 8 = 0, a pair bias they prefetch):
+  // their int32 offsets from each tensor's base step by a negative row stride.
+  cases.push_back(shape(2, 3, 2, 70, 72, 32, EVOATTN_BFLOAT16)
+                      .biases("bn11k", "b1hqk")
+                      .grads(true, true)
+                      .layouts(Layout::kReversed, Layout::kContiguous));
   cases.push_back(shape(2, 3, 2, 33, 33, 32, EVOATTN_FLOAT16)
                       .biases("bn11k", "b1hqk")
                       .grads(true, true)
