@@ -24,8 +24,8 @@ struct RowPtr {
 // The element offset of (b, n, h) in a [B, N, L, H, D] tensor. Index: int64_t, or int32_t where
 // every offset of the tensor fits (LaunchPlan::offsets32): one multiply-add a term instead of
 // three.
-template <typename Index>
-__device__ __forceinline__ Index bnh_offset(const SeqStrides& s, Index b, Index n, Index h) {
+template <typename Strides, typename Index>
+__device__ __forceinline__ Index bnh_offset(const Strides& s, Index b, Index n, Index h) {
   return b * static_cast<Index>(s.b) + n * static_cast<Index>(s.n) + h * static_cast<Index>(s.h);
 }
 
@@ -363,8 +363,7 @@ struct KeyBiasStream : KeyBiasPrefetch {
     if (plan.key_single_slot < 0) return;
     const BiasParams& bp = plan.key_single;
     const ScoreStrides& st = bp.stride;
-    next = b * static_cast<Index>(st.b) + n * static_cast<Index>(st.n) +
-           h * static_cast<Index>(st.h) + col0 * static_cast<Index>(st.k);
+    next = bnh_offset(st, b, n, h) + col0 * static_cast<Index>(st.k);
   }
 
   template <bool kSingle = false>
@@ -481,8 +480,7 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
                                         Index j0) {
     const BiasParams& bp = plan.tile_single;
     const Index i = i0 + f.row, j = j0 + f.col0;
-    next = b * static_cast<Index>(bp.stride.b) + n * static_cast<Index>(bp.stride.n) +
-           h * static_cast<Index>(bp.stride.h) + i * static_cast<Index>(bp.stride.q) + j;
+    next = bnh_offset(bp.stride, b, n, h) + i * static_cast<Index>(bp.stride.q) + j;
     rows_left = static_cast<Index>(p.Lq) - i;
     cols_left = static_cast<Index>(p.Lk) - j;
     if constexpr (kKeepStale) {
