@@ -297,7 +297,7 @@ struct KeyBiasPrefetch {
                                         int64_t n, int64_t h) {
     if (plan.key_single_slot < 0) return;
     const ScoreStrides& st = plan.key_single.stride;
-    bnh = b * st.b + n * st.n + h * st.h;
+    bnh = bnh_offset(st, b, n, h);
   }
 
   // Column `col` of the (b, n, h) given to `start` (the single-slot path ignores b, n, h here).
