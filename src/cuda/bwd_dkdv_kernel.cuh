@@ -84,6 +84,11 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   Element* sQ = sV + T::kSeqElems;   // [2 stages]
   Element* sdO = sQ + 2 * T::kSeqElems;  // [2 stages]
   float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
+  // The fast tile path stages the raw bias, two stages beside Q and dO, where the generic
+  // path's float tile would be (a call takes one of the two).
+  uint16_t* sRawTile = reinterpret_cast<uint16_t*>(sTile);
+  static_assert(kNoTile || 2 * RawBiasTile::kElems * sizeof(uint16_t) <= T::kTileFloats * sizeof(float),
+                "two raw tiles fit the float tile");
   float* sKey = sTile + T::kTileFloats;
   // [2 stages][Delta, row max, row log-sum][kBlockM]: the row statistics of Q and dO's rows.
   float* sStats = sKey + kBlockN;
@@ -177,10 +182,19 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       }
     }
   };
+  // The raw bias tile (query tile qt, key tile kt) into stage `s` (fast_tile; cp.async).
+  auto load_raw_tile = [&](int qt, int kt, int s) {
+    using Index = std::conditional_t<kFast, int32_t, int64_t>;
+    const ScoreStrides& st = plan.tile_single.stride;
+    const Index i0 = static_cast<Index>(qt) * kBlockM, j0 = static_cast<Index>(kt) * kBlockN;
+    const Index offset = bnh_offset(st, static_cast<Index>(b), static_cast<Index>(n), static_cast<Index>(h)) +
+                         i0 * static_cast<Index>(st.q) + j0;
+    RawBiasTile::copy<Index>(sRawTile + s * RawBiasTile::kElems, plan, offset,
+                             static_cast<Index>(p.Lq) - i0, static_cast<Index>(p.Lk) - j0, tid);
+  };
   load_query_tile(0, 0);
+  if (fast_tile) load_raw_tile(0, kt_first, 0);
   cp_async_commit();
-  BiasTilePrefetch<Element> prefetch;
-  if (fast_tile) prefetch.load(p, plan, fill, b, n, h, 0, static_cast<int64_t>(kt_first) * kBlockN);
 
   // cp.async groups, in issue order: per key tile its K, V; per query tile the running dQ
   // (empty unless fuse_dq past the first key tile) and then the next query tile's Q, dO.
@@ -219,9 +233,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       const int stage = walk & 1;
       const int qt = reverse ? plan.q_tiles - 1 - step : step;
       const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
-      if (fast_tile) {
-        prefetch.store(sTile, kTileStride, fill);
-      } else if (!kFast && has_tile) {
+      if (!kFast && has_tile && !fast_tile) {
         fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
       }
       if (accumulate_dq && !dq_in_smem) {  // the query tile's running dQ, needed after the scores
@@ -250,11 +262,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
         // The next tile: the walk's neighbour, or this query tile again for the next key tile.
         const int next_qt = last_step ? qt : reverse ? qt - 1 : qt + 1;
         load_query_tile(next_qt, stage ^ 1);
+        if (fast_tile) load_raw_tile(next_qt, last_step ? kt + 1 : kt, stage ^ 1);
         cp_async_commit();
-        if (fast_tile) {
-          prefetch.load(p, plan, fill, b, n, h, static_cast<int64_t>(next_qt) * kBlockM,
-                        last_step ? j0 + kBlockN : j0);
-        }
         cp_async_wait<2>();  // all but the running dQ and the next query tile
       } else {
         cp_async_wait<1>();
@@ -290,11 +299,18 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       const float* dlt = sStats + stage * 3 * kBlockM;
       const float* row_max = dlt + kBlockM;
       const float* row_log_sum = dlt + 2 * kBlockM;
+      float raw_tile[kQTiles][4];
+      if (fast_tile) {
+        RawBiasTile::read_transposed<Element, kQTiles>(sRawTile + stage * RawBiasTile::kElems, warp_row, lane,
+                                                       raw_tile);
+      }
       for (int nt = 0; nt < kQTiles; ++nt) {
         for (int e = 0; e < 4; ++e) {
           const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
           // Key biases are stored times log2(e); the tile in natural units.
-          const float tile = has_tile ? sTile[query * kTileStride + key] : 0.0f;
+          const float tile = fast_tile                      ? raw_tile[nt][e]
+                             : !kFast && has_tile ? sTile[query * kTileStride + key]
+                                                  : 0.0f;
           const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
           const float prob = exp2_approx((x - row_max[query]) - row_log_sum[query]);
           s[nt][e] = prob;

@@ -510,6 +510,59 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
   }
 };
 
+// The fast tile's raw [64 x 64] bias (input dtype, natural units) staged in shared memory by
+// cp.async, for kernels that read it transposed (rows = keys) as mma accumulators: no float
+// conversion pass, no registers across the tile, and ldmatrix.trans reads 8 query rows x 8 keys
+// per 8x8 matrix instead of one element per LDS. Rows of 64 elements (128 bytes) whose 16-byte
+// chunk c sits at chunk c ^ (row & 7): the 8 rows of one ldmatrix land in distinct banks.
+struct RawBiasTile {
+  static constexpr int kElems = kTile * kTile;
+  __device__ static int at(int row, int chunk) { return row * kTile + ((chunk ^ (row & 7)) * 8); }
+
+  // Tile (i0, j0) of the fast tile slot, `offset` = its element offset from the slot's base
+  // (Index as row_ptr); chunks past Lq or Lk are zero-filled (fast tiles have Lk % 8 == 0).
+  // 128 threads, four chunks each; the caller commits.
+  template <typename Index>
+  __device__ __forceinline__ static void copy(uint16_t* dst, const LaunchPlan& plan, Index offset,
+                                              Index rows_left, Index cols_left, int tid) {
+    const uint16_t* base = static_cast<const uint16_t*>(plan.tile_single.ptr);
+    const Index row_stride = static_cast<Index>(plan.tile_single.stride.q);
+    const int row0 = tid / 8, chunk = tid % 8;
+    const bool col_ok = 8 * chunk < cols_left;
+    Index src = offset + row0 * row_stride + 8 * chunk;
+    for (int k = 0; k < kTile / 16; ++k, src += 16 * row_stride) {
+      const int row = row0 + 16 * k;
+      const bool valid = col_ok && row < rows_left;
+      cp_async_16(dst + at(row, chunk), valid ? base + src : base, valid);
+    }
+  }
+
+  // A warp's bias for its S^T accumulators s[nt][e] (rows = keys key0 + g (+8), columns =
+  // queries 8 nt + 2t (+1)), as floats: v[nt][e] for kQTiles 8-query column tiles.
+  template <typename Element, int kQTiles>
+  __device__ __forceinline__ static void read_transposed(const uint16_t* tile, int key0, int lane,
+                                                         float (&v)[kQTiles][4]) {
+    for (int np = 0; np < kQTiles / 2; ++np) {
+      // Matrix m = lane / 8: query tile 2 np + m / 2, keys key0 + 8 (m % 2) .. + 7.
+      const int row = (2 * np + (lane >> 4)) * 8 + (lane & 7);
+      uint32_t w[4];
+      ldmatrix_x4_trans(w, tile + at(row, key0 / 8 + ((lane >> 3) & 1)));
+      for (int m = 0; m < 4; ++m) {
+        float (&out)[4] = v[2 * np + m / 2];
+        const int e = 2 * (m % 2);  // keys g: elements 0, 1; keys g + 8: 2, 3
+        if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+          out[e] = __uint_as_float(w[m] << 16);
+          out[e + 1] = __uint_as_float(w[m] & 0xffff0000u);
+        } else {
+          const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w[m]));
+          out[e] = f2.x;
+          out[e + 1] = f2.y;
+        }
+      }
+    }
+  }
+};
+
 // Any number of tile slots, any strides and dtypes: synchronous element loads.
 __device__ __forceinline__ void fill_bias_tile_generic(float* tile, int stride, const BiasFill& f,
                                                   const FwdParams& p, const LaunchPlan& plan,
