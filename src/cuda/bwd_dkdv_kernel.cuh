@@ -35,7 +35,8 @@ struct BwdKeyTraits {
   // The bias tile is [query][key] but read transposed (rows = keys): a stride of 68 = 4 (mod 16)
   // words puts the four query columns 2t of a quad 8 banks apart.
   static constexpr int kTileStride = kBlockN + 4;
-  static constexpr int kTileFloats = kNoTile ? 0 : kBlockM * kTileStride;
+  // The generic float tile, or (fast tile) two stages of the raw tile (RawBiasTile) in its place.
+  static constexpr int kTileFloats = kNoTile ? 0 : kBlockM * (kBlockN + 8);
   static constexpr int kSeqElems = kBlockN * kRowStride;  // one K, V, Q or dO tile
   // dS^T [key][query] for the dQ product: 72 elements = 36 words, so a quad's rows g land 4
   // banks apart. The running dQ [query][d] has unpadded rows (all of Lq may be resident) whose
@@ -49,7 +50,9 @@ struct BwdKeyTraits {
   static constexpr size_t kSmemBytes = dkdv_smem_bytes(kHeadDim, false, kNoTile);
   static constexpr size_t kSmemBytesFused = dkdv_smem_bytes(kHeadDim, kFusesDq, kNoTile);
   static_assert(sizeof(Element) == 2 && kBlockM == kTile && kBlockN == kTile &&
-                    kTileStride == kTile + 4 && kDsStride == kTile + 8,
+                    kTileStride == kTile + 4 && kDsStride == kTile + 8 &&
+                    (kNoTile || (kBlockM * kTileStride <= kTileFloats &&
+                                 2 * RawBiasTile::kElems * sizeof(uint16_t) == kTileFloats * sizeof(float))),
                 "dkdv_smem_bytes counts this layout");
   // Chunk `d` (8 floats) of running-dQ row `r` sits at chunk dq_chunk(r, d) of the row: a
   // half-warp's rows g = 0..3 (same d) then fall in four distinct 8-bank groups.
@@ -185,12 +188,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   // The raw bias tile (query tile qt, key tile kt) into stage `s` (fast_tile; cp.async).
   auto load_raw_tile = [&](int qt, int kt, int s) {
     using Index = std::conditional_t<kFast, int32_t, int64_t>;
-    const ScoreStrides& st = plan.tile_single.stride;
-    const Index i0 = static_cast<Index>(qt) * kBlockM, j0 = static_cast<Index>(kt) * kBlockN;
-    const Index offset = bnh_offset(st, static_cast<Index>(b), static_cast<Index>(n), static_cast<Index>(h)) +
-                         i0 * static_cast<Index>(st.q) + j0;
-    RawBiasTile::copy<Index>(sRawTile + s * RawBiasTile::kElems, plan, offset,
-                             static_cast<Index>(p.Lq) - i0, static_cast<Index>(p.Lk) - j0, tid);
+    RawBiasTileStream<Index> copy;
+    copy.start(p, plan, tid, static_cast<Index>(b), static_cast<Index>(n), static_cast<Index>(h),
+               static_cast<Index>(qt) * kBlockM, static_cast<Index>(kt) * kBlockN);
+    copy.copy_next(sRawTile + s * RawBiasTile::kElems, plan, tid);
   };
   load_query_tile(0, 0);
   if (fast_tile) load_raw_tile(0, kt_first, 0);

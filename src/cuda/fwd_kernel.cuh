@@ -210,14 +210,26 @@ __global__ void __launch_bounds__(
   Element* myQ = sQ + group * kBlockM * kRowStride;
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
   Element* myV = sV + group * 2 * kBlockN * kRowStride;
-  // A shared tile uses group 1's tile slot as a second buffer, a single group its second slot
-  // (and every group has two key rows), so one barrier per key tile suffices; own tiles of
-  // several groups have one buffer and take two.
-  const bool double_buffer = shared_tile || kGroups == 1;
-  float* myTile = sTile + (double_buffer ? 0 : group) * kBlockM * kTileStride;
   float* myKey = sKey + group * 2 * kBlockN;
   const bool has_tile = kSharedTile || (!kNoTile && plan.tile_slots != 0);
   const bool fast_tile = kSharedTile || (!kNoTile && plan.tile_fast_slot >= 0);
+  // The fast tile: its raw bias staged by cp.async in two stages (RawBiasTile), the block's one
+  // shared tile or one per group, copied by the block's or the group's first 128 threads, in the
+  // float tile's space (a call uses one of the two).
+  uint16_t* const myRawTile = reinterpret_cast<uint16_t*>(sTile) + (shared_tile ? 0 : group) * 2 * RawBiasTile::kElems;
+  static_assert(kNoTile || (kSharedTile ? 1 : kGroups) * 2 * RawBiasTile::kElems * sizeof(uint16_t) <=
+                               T::kTileFloats * sizeof(float),
+                "the raw tiles fit the float tile slots");
+  static_assert(kSharedTile || T::kGroupThreads == 128, "own raw tiles: a group copies its tile");
+  const int raw_copy_tid = shared_tile ? tid : group_tid;
+  const bool raw_copier = raw_copy_tid < 128;
+  // The generic float tile: a shared tile uses group 1's tile slot as a second buffer, a single
+  // group its second slot (and every group has two key rows), so one barrier per key tile
+  // suffices; own float tiles of several groups have one buffer and take two. (Raw tiles have
+  // two stages: one barrier.)
+  const bool double_buffer = shared_tile || kGroups == 1;
+  const bool one_barrier = double_buffer || fast_tile;
+  float* myTile = sTile + (double_buffer ? 0 : group) * kBlockM * kTileStride;
   // A shared tile is filled by the block's first 256 threads, a group's own tile by its 128.
   const BiasFill fill = bias_fill_slice<T::kThreads>(shared_tile, tid, group_tid);
   const bool vec_q = kFast || plan.vec_q, vec_k = kFast || plan.vec_k, vec_v = kFast || plan.vec_v;
@@ -233,7 +245,7 @@ __global__ void __launch_bounds__(
   using KVCopy = std::conditional_t<kFast, SeqTileStream32<Element, kBlockN, kHeadDim, T::kGroupThreads>,
                                     SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>>;
   KVCopy k_copy, v_copy;
-  BiasTileStream<Element, kLean, Index> prefetch;
+  RawBiasTileStream<Index> raw_tile;
   KeyBiasStream<Index> key_bias;
   // Key tiles are copied in order: j is the start of the next one.
   auto copy_kv = [&](int s, int64_t j) {
@@ -270,9 +282,9 @@ __global__ void __launch_bounds__(
       v_copy = KVCopy(row_ptr<Element>(p.v, p.v_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
     }
     copy_kv(s, j_begin);
-    if (fast_tile) {
-      prefetch.start(p, plan, fill, item.b, item.n, item.h, item.i0, j_begin);
-      prefetch.load_next(plan, fill);
+    if (fast_tile && raw_copier) {
+      raw_tile.start(p, plan, raw_copy_tid, item.b, item.n, item.h, item.i0, j_begin);
+      raw_tile.copy_next(myRawTile + s * RawBiasTile::kElems, plan, raw_copy_tid);
     }
     key_bias.start(p, plan, item.b, item.n, item.h, static_cast<Index>(j_begin + key_slot));
     if (key_filler) key_bias.template load_next<kFast>(p, plan, item.b, item.n, item.h);
@@ -310,19 +322,19 @@ __global__ void __launch_bounds__(
     }
 
     // One commit group per key tile: K, V and the raw bias tile. Iteration `it` waits for its
-    // group, converts its bias into bias buffer `buf`, and one barrier publishes tile `it` — and
-    // tells that every warp has finished tile it - 1, whose K/V stage the copies of tile it + 1,
-    // issued next, overwrite (and, from it = 1 on, read Q into registers: the next item's Q may
-    // overwrite it). Single-buffered bias tiles need a second barrier at the end.
+    // group (a generic tile is filled into float buffer `buf`), and one barrier publishes tile
+    // `it` — and tells that every warp has finished tile it - 1, whose K/V and raw-tile stage the
+    // copies of tile it + 1, issued next, overwrite (and, from it = 1 on, read Q into registers:
+    // the next item's Q may overwrite it). Single-buffered float tiles need a second barrier at
+    // the end.
     for (int it = 0; it < cur.k_iters; ++it, ++walk) {
       const int64_t j0 = static_cast<int64_t>(cur.kt_begin + it) * kBlockN;
       const int stage = walk & 1, buf = double_buffer ? stage : 0;
       float* tile = myTile + buf * kBlockM * kTileStride;
-      float* keys = myKey + buf * kBlockN;
+      const uint16_t* raw = myRawTile + stage * RawBiasTile::kElems;
+      float* keys = myKey + stage * kBlockN;
       cp_async_wait<0>();
-      if (fast_tile) {
-        prefetch.store(tile, kTileStride, fill);
-      } else if (!kFast && has_tile) {
+      if (!kFast && has_tile && !fast_tile) {
         fill_bias_tile_generic(tile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, cur.i0, j0);
       }
       if (key_filler) keys[key_slot] = key_bias.template value_log2<kFast>(p, plan);
@@ -331,7 +343,9 @@ __global__ void __launch_bounds__(
         // The key bias first: issued behind the tile loads, its register's reuse waited for them.
         if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
         copy_kv(stage ^ 1, j0 + kBlockN);
-        if (fast_tile) prefetch.load_next(plan, fill);
+        if (fast_tile && raw_copier) {
+          raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
+        }
         cp_async_commit();
       } else if (has_next && it > 0) {
         next = decode(next_blk);
@@ -403,10 +417,19 @@ __global__ void __launch_bounds__(
           float part_max[2][kPartials];
           for (int r = 0; r < 2; ++r)
             for (int k = 0; k < kPartials; ++k) part_max[r][k] = neg_inf();
+          float raw_bias[2][4];  // of column tiles nt - nt % 2 and + 1
           for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
-            scores_log2<kTileStride, kTileRead>(s[mt][nt], nt * 8 + 2 * t, keys,
-                                                tile + (warp_row + 16 * mt + g) * kTileStride,
-                                                has_tile, p.scale_log2);
+            if (fast_tile) {
+              if (nt % 2 == 0) RawBiasTile::read_rows<Element>(raw, warp_row + 16 * mt, nt, lane, raw_bias[0], raw_bias[1]);
+              scores_log2(s[mt][nt], nt * 8 + 2 * t, keys, raw_bias[nt % 2], p.scale_log2);
+            } else if (kFast) {  // the fast path's only tile is the fast tile: none here
+              scores_log2<kTileStride, TileRead::kNone>(s[mt][nt], nt * 8 + 2 * t, keys, tile, false,
+                                                        p.scale_log2);
+            } else {
+              scores_log2<kTileStride, kTileRead>(s[mt][nt], nt * 8 + 2 * t, keys,
+                                                  tile + (warp_row + 16 * mt + g) * kTileStride,
+                                                  has_tile, p.scale_log2);
+            }
             for (int r = 0; r < 2; ++r) {
               const float m = fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]);
               float& part = part_max[r][nt % kPartials];
@@ -455,7 +478,7 @@ __global__ void __launch_bounds__(
           }
         }
       }
-      if (!double_buffer) __syncthreads();
+      if (!one_barrier) __syncthreads();
     }
 
     // Epilogue: normalise, write O (rows g, g + 8 of each row tile) and the LSE.

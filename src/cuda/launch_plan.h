@@ -209,7 +209,9 @@ void set_fwd_groups(LaunchPlan& plan, const FwdParams& p, int groups);
 constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq, bool no_tile = false,
                                  int64_t dq_rows = 0) {
   const size_t seq = size_t{kTile} * (head_dim + 8) * 2;
-  const size_t tile = no_tile ? 0 : size_t{kTile} * (kTile + 4);
+  // The bias tile: the generic float [64 x 68] or two stages of the raw [64 x 72] (as many bytes
+  // as 64 x 72 floats).
+  const size_t tile = no_tile ? 0 : size_t{kTile} * (kTile + 8);
   const size_t base = 6 * seq + (tile + kTile + 2 * 3 * kTile) * sizeof(float);
   const size_t rows = dq_rows > 0 ? static_cast<size_t>(dq_rows) : size_t{kTile};
   const size_t fused = size_t{kTile} * (kTile + 8) * 2 + rows * head_dim * sizeof(float);

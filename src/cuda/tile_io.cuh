@@ -511,55 +511,89 @@ struct BiasTileStream : BiasTilePrefetch<Element> {
 };
 
 // The fast tile's raw [64 x 64] bias (input dtype, natural units) staged in shared memory by
-// cp.async, for kernels that read it transposed (rows = keys) as mma accumulators: no float
-// conversion pass, no registers across the tile, and ldmatrix.trans reads 8 query rows x 8 keys
-// per 8x8 matrix instead of one element per LDS. Rows of 64 elements (128 bytes) whose 16-byte
-// chunk c sits at chunk c ^ (row & 7): the 8 rows of one ldmatrix land in distinct banks.
+// cp.async: no float conversion pass, no registers across the tile, and ldmatrix reads an 8x8
+// block of it per matrix instead of an element (or a pair) per LDS. Rows padded to 72 elements
+// (144 bytes): the 8 rows of one ldmatrix matrix land in distinct banks, and a chunk's offset
+// is linear in its index (an XOR swizzle cost address math every read).
 struct RawBiasTile {
-  static constexpr int kElems = kTile * kTile;
-  __device__ static int at(int row, int chunk) { return row * kTile + ((chunk ^ (row & 7)) * 8); }
+  static constexpr int kRowStride = kTile + 8;
+  static constexpr int kElems = kTile * kRowStride;  // one stage
+  __device__ static int at(int row, int chunk) { return row * kRowStride + chunk * 8; }
 
-  // Tile (i0, j0) of the fast tile slot, `offset` = its element offset from the slot's base
-  // (Index as row_ptr); chunks past Lq or Lk are zero-filled (fast tiles have Lk % 8 == 0).
-  // 128 threads, four chunks each; the caller commits.
-  template <typename Index>
-  __device__ __forceinline__ static void copy(uint16_t* dst, const LaunchPlan& plan, Index offset,
-                                              Index rows_left, Index cols_left, int tid) {
-    const uint16_t* base = static_cast<const uint16_t*>(plan.tile_single.ptr);
-    const Index row_stride = static_cast<Index>(plan.tile_single.stride.q);
-    const int row0 = tid / 8, chunk = tid % 8;
-    const bool col_ok = 8 * chunk < cols_left;
-    Index src = offset + row0 * row_stride + 8 * chunk;
-    for (int k = 0; k < kTile / 16; ++k, src += 16 * row_stride) {
-      const int row = row0 + 16 * k;
-      const bool valid = col_ok && row < rows_left;
-      cp_async_16(dst + at(row, chunk), valid ? base + src : base, valid);
+  // Element pair -> two floats (exact).
+  template <typename Element>
+  __device__ __forceinline__ static void unpack(uint32_t w, float& lo, float& hi) {
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+      lo = __uint_as_float(w << 16);
+      hi = __uint_as_float(w & 0xffff0000u);
+    } else {
+      const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w));
+      lo = f2.x;
+      hi = f2.y;
     }
   }
 
-  // A warp's bias for its S^T accumulators s[nt][e] (rows = keys key0 + g (+8), columns =
-  // queries 8 nt + 2t (+1)), as floats: v[nt][e] for kQTiles 8-query column tiles.
+  // The bias of a warp's S accumulators (rows = queries row0 + g, + 8; columns = keys 8 nt + 2t,
+  // + 1) for column tiles nt and nt + 1 (nt even): v0 for nt, v1 for nt + 1.
+  template <typename Element>
+  __device__ __forceinline__ static void read_rows(const uint16_t* tile, int row0, int nt, int lane,
+                                                   float (&v0)[4], float (&v1)[4]) {
+    // Matrix m = lane / 8: rows row0 + 8 (m % 2) .. + 7, key chunk nt + m / 2.
+    uint32_t w[4];
+    ldmatrix_x4(w, tile + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, nt + (lane >> 4)));
+    unpack<Element>(w[0], v0[0], v0[1]);
+    unpack<Element>(w[1], v0[2], v0[3]);
+    unpack<Element>(w[2], v1[0], v1[1]);
+    unpack<Element>(w[3], v1[2], v1[3]);
+  }
+
+  // The bias of a warp's S^T accumulators (rows = keys key0 + g, + 8; columns = queries 8 nt +
+  // 2t, + 1) for kQTiles 8-query column tiles: v[nt][e].
   template <typename Element, int kQTiles>
   __device__ __forceinline__ static void read_transposed(const uint16_t* tile, int key0, int lane,
                                                          float (&v)[kQTiles][4]) {
     for (int np = 0; np < kQTiles / 2; ++np) {
-      // Matrix m = lane / 8: query tile 2 np + m / 2, keys key0 + 8 (m % 2) .. + 7.
+      // Matrix m = lane / 8: query rows 8 (2 np + m / 2) .. + 7, keys key0 + 8 (m % 2) .. + 7.
       const int row = (2 * np + (lane >> 4)) * 8 + (lane & 7);
       uint32_t w[4];
       ldmatrix_x4_trans(w, tile + at(row, key0 / 8 + ((lane >> 3) & 1)));
-      for (int m = 0; m < 4; ++m) {
-        float (&out)[4] = v[2 * np + m / 2];
-        const int e = 2 * (m % 2);  // keys g: elements 0, 1; keys g + 8: 2, 3
-        if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-          out[e] = __uint_as_float(w[m] << 16);
-          out[e + 1] = __uint_as_float(w[m] & 0xffff0000u);
-        } else {
-          const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w[m]));
-          out[e] = f2.x;
-          out[e + 1] = f2.y;
-        }
-      }
+      unpack<Element>(w[0], v[2 * np][0], v[2 * np][1]);
+      unpack<Element>(w[1], v[2 * np][2], v[2 * np][3]);
+      unpack<Element>(w[2], v[2 * np + 1][0], v[2 * np + 1][1]);
+      unpack<Element>(w[3], v[2 * np + 1][2], v[2 * np + 1][3]);
     }
+  }
+};
+
+// Copies of the fast tile slot's raw tiles into RawBiasTile layout by 128 threads (`copy_tid`),
+// four 16-byte chunks each, along one row of tiles: the thread keeps the offset of its first
+// chunk of the next tile and how far its row and chunk lie from Lq and Lk (as BiasTileStream).
+// Chunks past Lq or Lk are zero-filled (fast tiles have Lk % 8 == 0). The caller commits.
+// Index: as row_ptr.
+template <typename Index>
+struct RawBiasTileStream {
+  Index next, rows_left, cols_left;
+
+  __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan, int copy_tid, Index b,
+                                        Index n, Index h, Index i0, Index j0) {
+    const ScoreStrides& st = plan.tile_single.stride;
+    const Index i = i0 + copy_tid / 8, j = j0 + 8 * (copy_tid % 8);
+    next = bnh_offset(st, b, n, h) + i * static_cast<Index>(st.q) + j;
+    rows_left = static_cast<Index>(p.Lq) - i;
+    cols_left = static_cast<Index>(p.Lk) - j;
+  }
+
+  __device__ __forceinline__ void copy_next(uint16_t* dst, const LaunchPlan& plan, int copy_tid) {
+    const uint16_t* base = static_cast<const uint16_t*>(plan.tile_single.ptr);
+    const Index row_stride = static_cast<Index>(plan.tile_single.stride.q);
+    const int row0 = copy_tid / 8, chunk = copy_tid % 8;
+    for (int k = 0; k < kTile / 16; ++k) {
+      const bool valid = cols_left > 0 && rows_left > 16 * k;
+      cp_async_16(dst + RawBiasTile::at(row0 + 16 * k, chunk), valid ? base + (next + 16 * k * row_stride) : base,
+                  valid);
+    }
+    next += kTile;
+    cols_left -= kTile;
   }
 };
 
@@ -624,6 +658,16 @@ __device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* k
   s[1] = score_log2(s[1], scale_log2, kb.y, tb0.y);
   s[2] = score_log2(s[2], scale_log2, kb.x, tb1.x);
   s[3] = score_log2(s[3], scale_log2, kb.y, tb1.y);
+}
+
+// scores_log2 with the tile's bias already in registers (tb: rows g, g + 8 as s).
+__device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* keys, const float (&tb)[4],
+                                            float scale_log2) {
+  const float2 kb = *reinterpret_cast<const float2*>(keys + c);
+  s[0] = score_log2(s[0], scale_log2, kb.x, tb[0]);
+  s[1] = score_log2(s[1], scale_log2, kb.y, tb[1]);
+  s[2] = score_log2(s[2], scale_log2, kb.x, tb[2]);
+  s[3] = score_log2(s[3], scale_log2, kb.y, tb[3]);
 }
 
 // Writes a warp's 16 x (8 * kDTiles) mma accumulator (C layout: rows g and g + 8, columns
