@@ -407,29 +407,34 @@ __device__ __forceinline__ BiasFill bias_fill_slice(bool shared_tile, int tid, i
   }
 }
 
+// Two raw bias values of the input dtype (one 32-bit word, the first in the low half) -> floats
+// in natural units (exact).
+template <typename Element>
+__device__ __forceinline__ void unpack_bias_pair(uint32_t w, float& lo, float& hi) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+  } else {
+    const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    lo = f2.x;
+    hi = f2.y;
+  }
+}
+
 // 8 raw bias values (one 16-byte chunk of the input dtype) -> floats in natural units (the
 // kernels fold in log2(e)) at dst[0..8).
 template <typename Element>
 __device__ __forceinline__ void store_bias_chunk(float* dst, const uint4& raw) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
   float v[8];
-  for (int e = 0; e < 4; ++e) {
-    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-      v[2 * e] = __uint_as_float(w[e] << 16);
-      v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-    } else {
-      const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w[e]));
-      v[2 * e] = f2.x;
-      v[2 * e + 1] = f2.y;
-    }
-  }
+  for (int e = 0; e < 4; ++e) unpack_bias_pair<Element>(w[e], v[2 * e], v[2 * e + 1]);
   *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
   *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
-// The fast tile path: one bias of the input dtype with unit key stride and 16-byte aligned rows.
-// The raw bytes are fetched one tile ahead into registers and converted after the tile's math.
-// (Staging them in shared memory by cp.async instead saved 16 registers and 2-5% of the D = 32
-// forward on an H100, but its 16 KB took the forward past the 99 KB per block of sm_86/89.)
+// The fast tile path of the query-side backward (bwd_rows_kernel): one bias of the input dtype
+// with unit key stride and 16-byte aligned rows, fetched one tile ahead into registers and
+// converted into the float tile (the pair bias's loop over n converts it once). The forward and
+// the dK/dV kernel stage it raw instead (RawBiasTile).
 template <typename Element>
 struct BiasTilePrefetch {
   uint4 raw[2][2];
@@ -462,54 +467,6 @@ struct BiasTilePrefetch {
   }
 };
 
-// BiasTilePrefetch for a kernel that walks the key tiles of one (b, n, h) in order (the
-// forward): the thread keeps a pointer to its chunk of the next tile and how many rows and
-// columns remain from it, so a tile costs per chunk a compare and a load, plus one pointer
-// step — not the full 64-bit address of every chunk. kKeepStale: a chunk past Lq or Lk keeps
-// what it held (zero from `start`, or the row's bias one tile back): finite, and its scores
-// are discarded (rows past Lq) or -inf by the key bias (columns past Lk); no zeroing a tile.
-// Index: as row_ptr.
-template <typename Element, bool kKeepStale, typename Index = int64_t>
-struct BiasTileStream : BiasTilePrefetch<Element> {
-  using BiasTilePrefetch<Element>::raw;
-  Index next;  // the thread's first chunk of the next tile, from the base (as KeyBiasStream)
-  Index rows_left, cols_left;  // from the thread's first row / column of the next tile to Lq / Lk
-
-  __device__ __forceinline__ void start(const FwdParams& p, const LaunchPlan& plan,
-                                        const BiasFill& f, Index b, Index n, Index h, Index i0,
-                                        Index j0) {
-    const BiasParams& bp = plan.tile_single;
-    const Index i = i0 + f.row, j = j0 + f.col0;
-    next = bnh_offset(bp.stride, b, n, h) + i * static_cast<Index>(bp.stride.q) + j;
-    rows_left = static_cast<Index>(p.Lq) - i;
-    cols_left = static_cast<Index>(p.Lk) - j;
-    if constexpr (kKeepStale) {
-      for (int u = 0; u < 2; ++u)
-        for (int half = 0; half < 2; ++half) raw[u][half] = make_uint4(0, 0, 0, 0);
-    }
-  }
-
-  __device__ __forceinline__ void load_next(const LaunchPlan& plan, const BiasFill& f) {
-    const uint16_t* base = static_cast<const uint16_t*>(plan.tile_single.ptr);
-    const Index row_stride = static_cast<Index>(plan.tile_single.stride.q);
-    for (int u = 0; u < 2; ++u) {
-      if (u >= f.units) break;
-      for (int half = 0; half < 2; ++half) {
-        // Fast tiles have Lk % 8 == 0: a chunk is wholly inside or wholly past Lk.
-        const bool ok = rows_left > 32 * u && cols_left > 8 * half;
-        const uint4* src = reinterpret_cast<const uint4*>(base + (next + 32 * u * row_stride + 8 * half));
-        if constexpr (kKeepStale) {
-          if (ok) raw[u][half] = *src;
-        } else {
-          raw[u][half] = ok ? *src : make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
-    next += kTile;
-    cols_left -= kTile;
-  }
-};
-
 // The fast tile's raw [64 x 64] bias (input dtype, natural units) staged in shared memory by
 // cp.async: no float conversion pass, no registers across the tile, and ldmatrix reads an 8x8
 // block of it per matrix instead of an element (or a pair) per LDS. Rows padded to 72 elements
@@ -520,19 +477,6 @@ struct RawBiasTile {
   static constexpr int kElems = kTile * kRowStride;  // one stage
   __device__ static int at(int row, int chunk) { return row * kRowStride + chunk * 8; }
 
-  // Element pair -> two floats (exact).
-  template <typename Element>
-  __device__ __forceinline__ static void unpack(uint32_t w, float& lo, float& hi) {
-    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-      lo = __uint_as_float(w << 16);
-      hi = __uint_as_float(w & 0xffff0000u);
-    } else {
-      const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w));
-      lo = f2.x;
-      hi = f2.y;
-    }
-  }
-
   // The bias of a warp's S accumulators (rows = queries row0 + g, + 8; columns = keys 8 nt + 2t,
   // + 1) for column tiles nt and nt + 1 (nt even): v0 for nt, v1 for nt + 1.
   template <typename Element>
@@ -541,10 +485,10 @@ struct RawBiasTile {
     // Matrix m = lane / 8: rows row0 + 8 (m % 2) .. + 7, key chunk nt + m / 2.
     uint32_t w[4];
     ldmatrix_x4(w, tile + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, nt + (lane >> 4)));
-    unpack<Element>(w[0], v0[0], v0[1]);
-    unpack<Element>(w[1], v0[2], v0[3]);
-    unpack<Element>(w[2], v1[0], v1[1]);
-    unpack<Element>(w[3], v1[2], v1[3]);
+    unpack_bias_pair<Element>(w[0], v0[0], v0[1]);
+    unpack_bias_pair<Element>(w[1], v0[2], v0[3]);
+    unpack_bias_pair<Element>(w[2], v1[0], v1[1]);
+    unpack_bias_pair<Element>(w[3], v1[2], v1[3]);
   }
 
   // The bias of a warp's S^T accumulators (rows = keys key0 + g, + 8; columns = queries 8 nt +
@@ -557,19 +501,19 @@ struct RawBiasTile {
       const int row = (2 * np + (lane >> 4)) * 8 + (lane & 7);
       uint32_t w[4];
       ldmatrix_x4_trans(w, tile + at(row, key0 / 8 + ((lane >> 3) & 1)));
-      unpack<Element>(w[0], v[2 * np][0], v[2 * np][1]);
-      unpack<Element>(w[1], v[2 * np][2], v[2 * np][3]);
-      unpack<Element>(w[2], v[2 * np + 1][0], v[2 * np + 1][1]);
-      unpack<Element>(w[3], v[2 * np + 1][2], v[2 * np + 1][3]);
+      unpack_bias_pair<Element>(w[0], v[2 * np][0], v[2 * np][1]);
+      unpack_bias_pair<Element>(w[1], v[2 * np][2], v[2 * np][3]);
+      unpack_bias_pair<Element>(w[2], v[2 * np + 1][0], v[2 * np + 1][1]);
+      unpack_bias_pair<Element>(w[3], v[2 * np + 1][2], v[2 * np + 1][3]);
     }
   }
 };
 
 // Copies of the fast tile slot's raw tiles into RawBiasTile layout by 128 threads (`copy_tid`),
 // four 16-byte chunks each, along one row of tiles: the thread keeps the offset of its first
-// chunk of the next tile and how far its row and chunk lie from Lq and Lk (as BiasTileStream).
-// Chunks past Lq or Lk are zero-filled (fast tiles have Lk % 8 == 0). The caller commits.
-// Index: as row_ptr.
+// chunk of the next tile and how far its row and chunk lie from Lq and Lk, so a tile costs an
+// offset step, not a full address per chunk. Chunks past Lq or Lk are zero-filled (fast tiles
+// have Lk % 8 == 0). The caller commits. Index: as row_ptr.
 template <typename Index>
 struct RawBiasTileStream {
   Index next, rows_left, cols_left;
