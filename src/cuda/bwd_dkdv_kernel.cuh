@@ -1,7 +1,8 @@
 // Backward, key side, for float16 / bfloat16 on mma.sync: one block per (b, n, h, 64 keys), or
 // with plan.fuse_dq one block per (b, n, h) walking its key tiles in order.
 //
-//   K, V tile stays in shared memory; for each tile of 64 queries (Q, dO double-buffered):
+//   K, V tile stays in shared memory; for each tile of 64 queries (Q, dO and the raw bias tile
+//   double-buffered, RawBiasTile, read transposed by ldmatrix.trans):
 //     S^T  = K Q^T,  dP^T = V dO^T                     (per warp: 16 keys x 64 queries)
 //     P^T  = 2^(S^T scale log2 e + bias^T log2 e - row_max - row_log_sum)   (row_stats_kernel)
 //     dS^T = P^T (dP^T - Delta)
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
         for (int e = 0; e < 4; ++e) {
           const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
           // Key biases are stored times log2(e); the tile in natural units.
-          const float tile = fast_tile                      ? raw_tile[nt][e]
+          const float tile = fast_tile              ? raw_tile[nt][e]
                              : !kFast && has_tile ? sTile[query * kTileStride + key]
                                                   : 0.0f;
           const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);

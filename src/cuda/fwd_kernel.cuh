@@ -6,7 +6,8 @@
 //   pair-bias tile, double-buffered, one barrier per key tile), or consecutive q-tiles of one
 //   row, or — with few items (pair_over_k) — equal parts of one item's key tiles, merged at the
 //   end. See LaunchPlan.
-//   for each key tile (64 keys, K/V double-buffered with cp.async):
+//   for each key tile (64 keys, K/V and the raw bias tile double-buffered with cp.async; the
+//   bias read by ldmatrix, RawBiasTile):
 //     S  = Q K^T                      (per warp 16 or 32 x 64, fp32 accumulators)
 //     S2 = S * scale*log2(e) + (tile bias + key bias) * log2(e)     (log2 domain)
 //     m: a row's reference max, moved only when the tile's max passes it by more than
@@ -50,8 +51,7 @@ struct FwdTraits {
   // 128-register loop 10-20%.
   static constexpr bool kPersistent = kMinBlocksPerSm == 1;
   // Per-tile instruction cuts (kLeanTile): without a tile bias the tile buffers hold zeros and
-  // are read unconditionally (no zeroing of the predicated reads' registers, 15 CS2R a tile),
-  // the bias prefetch keeps stale chunks past Lq / Lk instead of zeroing them (8 CS2R), and
+  // are read unconditionally (no zeroing of the predicated reads' registers, 15 CS2R a tile), and
   // each row's four max / sum partials start from the first four column tiles (16 FMNMX /
   // FADD). H100, same-run A/B: the D = 16 forward 3-4% faster, D = 64 2%; at D = 32 they
   // cost its 128-register loop three spill reloads a tile and 1-3% (tri256, msarow), so D = 32
