@@ -323,14 +323,9 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       // dV += P^T dO and dK += dS^T Q; B operands are dO / Q read transposed.
       uint32_t* sdS32 = reinterpret_cast<uint32_t*>(sdS);
       for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        const uint32_t pa[4] = {pack2<Element>(s[2 * kk][0], s[2 * kk][1]),
-                                pack2<Element>(s[2 * kk][2], s[2 * kk][3]),
-                                pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        const uint32_t dsa[4] = {pack2<Element>(dp[2 * kk][0], dp[2 * kk][1]),
-                                 pack2<Element>(dp[2 * kk][2], dp[2 * kk][3]),
-                                 pack2<Element>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                 pack2<Element>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+        uint32_t pa[4], dsa[4];
+        accumulators_to_a<Element>(s[2 * kk], s[2 * kk + 1], pa);
+        accumulators_to_a<Element>(dp[2 * kk], dp[2 * kk + 1], dsa);
         if (fuse_dq) {  // dS^T rows warp_row + g (+8), query columns 16 kk + 2t (+8)
           const int w0 = ((warp_row + g) * kDsStride + kk * 16 + 2 * t) / 2;
           sdS32[w0] = dsa[0];

@@ -334,10 +334,8 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     if (kDq) {
       // dQ += dS K: dS from the accumulators as the A operand, K read transposed.
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint32_t a[4] = {pack2<Element>(dp[2 * kk][0], dp[2 * kk][1]),
-                               pack2<Element>(dp[2 * kk][2], dp[2 * kk][3]),
-                               pack2<Element>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                               pack2<Element>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+        uint32_t a[4];
+        accumulators_to_a<Element>(dp[2 * kk], dp[2 * kk + 1], a);
         for (int dq = 0; dq < kDTiles / 2; ++dq) {
           uint32_t kb[4];
           const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;

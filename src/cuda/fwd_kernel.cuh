@@ -461,10 +461,7 @@ __global__ void __launch_bounds__(
           uint32_t a[kMT][4];
           #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            a[mt][0] = pack2<Element>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            a[mt][1] = pack2<Element>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            a[mt][2] = pack2<Element>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            a[mt][3] = pack2<Element>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            accumulators_to_a<Element>(s[mt][2 * kk], s[mt][2 * kk + 1], a[mt]);
           }
           for (int dp = 0; dp < kDTiles / 2; ++dp) {
             uint32_t vf[4];

@@ -130,4 +130,15 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// Column tiles 2k and 2k + 1 of a 16-row float accumulator (C layout) -> the A fragment of the
+// m16n8k16 product that takes them as its 16 x 16 left operand (the C layout of two column tiles
+// is the A layout): P or dS straight from the S / dP accumulators.
+template <typename Element>
+__device__ __forceinline__ void accumulators_to_a(const float (&lo)[4], const float (&hi)[4], uint32_t (&a)[4]) {
+  a[0] = pack2<Element>(lo[0], lo[1]);
+  a[1] = pack2<Element>(lo[2], lo[3]);
+  a[2] = pack2<Element>(hi[0], hi[1]);
+  a[3] = pack2<Element>(hi[2], hi[3]);
+}
+
 }  // namespace evoattn::cuda
