@@ -431,7 +431,7 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
   if (kNoTile && plan.tile_slots != 0) return cudaErrorInvalidValue;  // dkdv_no_tile
   auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile>;
   const size_t smem = !plan.fuse_dq    ? T::kSmemBytes
-                      : plan.dq_in_smem ? dkdv_smem_bytes(kHeadDim, true, kNoTile, int64_t{plan.q_tiles} * kTile)
+                      : plan.dq_in_smem ? dkdv_smem_bytes_resident_dq(plan, kHeadDim, kNoTile)
                                         : T::kSmemBytesFused;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);

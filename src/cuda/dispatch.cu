@@ -132,9 +132,8 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
 // EVOATTN_MAX_SMEM_PER_BLOCK, whose SM holds about one block's worth, decides as that GPU would).
 bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
   const int bucket = head_dim_bucket(p.D);
-  const int64_t rows = int64_t{plan.q_tiles} * cuda::kTile;
-  const size_t bytes = cuda::dkdv_smem_bytes(bucket, true, cuda::dkdv_no_tile(p, bucket), rows);
-  const size_t bytes_with_tile = cuda::dkdv_smem_bytes(bucket, true, false, rows);
+  const size_t bytes = cuda::dkdv_smem_bytes_resident_dq(plan, bucket, cuda::dkdv_no_tile(p, bucket));
+  const size_t bytes_with_tile = cuda::dkdv_smem_bytes_resident_dq(plan, bucket, false);
   int per_sm = 0, reserved = 0;
   if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device) != cudaSuccess ||
       cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, p.device) != cudaSuccess) {

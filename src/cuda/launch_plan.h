@@ -218,6 +218,12 @@ constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq, bool no_tile = fal
   return base + (fused_dq ? fused : 0);
 }
 
+// dkdv_smem_bytes of the fused dK/dV holding the running dQ of all plan.q_tiles query tiles
+// (LaunchPlan::dq_in_smem): what the launch reserves, and what decides whether it fits.
+inline size_t dkdv_smem_bytes_resident_dq(const LaunchPlan& plan, int head_dim, bool no_tile) {
+  return dkdv_smem_bytes(head_dim, true, no_tile, int64_t{plan.q_tiles} * kTile);
+}
+
 // Running-dQ slots a fused dK/dV may use for this shape: min(B N H, kMaxDqSlots, what dQ's share
 // of SPEC's workspace bound leaves after the row statistics). The workspace holds min(this, the
 // GPU's resident blocks).
