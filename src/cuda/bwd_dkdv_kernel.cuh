@@ -90,9 +90,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
   // The fast tile path stages the raw bias, two stages beside Q and dO, where the generic
   // path's float tile would be (a call takes one of the two).
-  uint16_t* sRawTile = reinterpret_cast<uint16_t*>(sTile);
-  static_assert(kNoTile || 2 * RawBiasTile::kElems * sizeof(uint16_t) <= T::kTileFloats * sizeof(float),
-                "two raw tiles fit the float tile");
+  uint16_t* sRawTile = reinterpret_cast<uint16_t*>(sTile);  // sized in BwdKeyTraits::kTileFloats
   float* sKey = sTile + T::kTileFloats;
   // [2 stages][Delta, row max, row log-sum][kBlockM]: the row statistics of Q and dO's rows.
   float* sStats = sKey + kBlockN;

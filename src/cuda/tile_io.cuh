@@ -578,6 +578,21 @@ __device__ __forceinline__ void zero_floats(float* smem, int count, int tid) {
 // bias), kNone (a kernel compiled for no tile bias).
 enum class TileRead { kIfPresent, kAlways, kNone };
 
+// The four scores of scores_log2 from the key biases kb (columns c, c + 1) and the tile's
+// biases tb (rows g, g + 8 as s).
+__device__ __forceinline__ void scores_log2_from(float (&s)[4], float2 kb, const float (&tb)[4], float scale_log2) {
+  s[0] = score_log2(s[0], scale_log2, kb.x, tb[0]);
+  s[1] = score_log2(s[1], scale_log2, kb.y, tb[1]);
+  s[2] = score_log2(s[2], scale_log2, kb.x, tb[2]);
+  s[3] = score_log2(s[3], scale_log2, kb.y, tb[3]);
+}
+
+// scores_log2 with the tile's bias already in registers (tb: rows g, g + 8 as s).
+__device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* keys, const float (&tb)[4],
+                                            float scale_log2) {
+  scores_log2_from(s, *reinterpret_cast<const float2*>(keys + c), tb, scale_log2);
+}
+
 // One 8-key column tile of a warp's S accumulators (rows g, g + 8; columns c, c + 1) -> log2
 // scores in place: score_log2 with the key biases (`keys`, stored times log2 e) and the float
 // bias tile (natural units; `tile_row` = its row g, row g + 8 below it), read as kRead says.
@@ -598,20 +613,8 @@ __device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* k
     tb0 = *reinterpret_cast<const float2*>(tile_row + c);
     tb1 = *reinterpret_cast<const float2*>(tile_row + 8 * kTileStride + c);
   }
-  s[0] = score_log2(s[0], scale_log2, kb.x, tb0.x);
-  s[1] = score_log2(s[1], scale_log2, kb.y, tb0.y);
-  s[2] = score_log2(s[2], scale_log2, kb.x, tb1.x);
-  s[3] = score_log2(s[3], scale_log2, kb.y, tb1.y);
-}
-
-// scores_log2 with the tile's bias already in registers (tb: rows g, g + 8 as s).
-__device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* keys, const float (&tb)[4],
-                                            float scale_log2) {
-  const float2 kb = *reinterpret_cast<const float2*>(keys + c);
-  s[0] = score_log2(s[0], scale_log2, kb.x, tb[0]);
-  s[1] = score_log2(s[1], scale_log2, kb.y, tb[1]);
-  s[2] = score_log2(s[2], scale_log2, kb.x, tb[2]);
-  s[3] = score_log2(s[3], scale_log2, kb.y, tb[3]);
+  const float tb[4] = {tb0.x, tb0.y, tb1.x, tb1.y};
+  scores_log2_from(s, kb, tb, scale_log2);
 }
 
 // Writes a warp's 16 x (8 * kDTiles) mma accumulator (C layout: rows g and g + 8, columns
