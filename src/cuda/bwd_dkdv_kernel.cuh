@@ -273,9 +273,21 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       const Element* Qs = sQ + stage * T::kSeqElems;
       const Element* dOs = sdO + stage * T::kSeqElems;
       // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
+      // Up to head dim 32 dP^T's accumulators start at -Delta of their columns (queries), so
+      // they end as dP^T - Delta: one FADD a score less (H100, same-run A/B: msacol and extramsa
+      // f+b 2% faster); at 64 and 128 that cost the loop spills (tri256d64 f+b 2% slower).
+      constexpr bool kDeltaInit = kHeadDim <= 32;
+      const float* dlt = sStats + stage * 3 * kBlockM;
+      const float* row_max = dlt + kBlockM;
+      const float* row_log_sum = dlt + 2 * kBlockM;
       float s[kQTiles][4], dp[kQTiles][4];
-      for (int nt = 0; nt < kQTiles; ++nt)
-        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        const float2 d = *reinterpret_cast<const float2*>(dlt + nt * 8 + 2 * t);
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = 0.0f;
+          dp[nt][e] = kDeltaInit ? -(e % 2 ? d.y : d.x) : 0.0f;
+        }
+      }
       for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t ka[4], va[4];
         const int a_off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
@@ -296,9 +308,6 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
 
       // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
       const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
-      const float* dlt = sStats + stage * 3 * kBlockM;
-      const float* row_max = dlt + kBlockM;
-      const float* row_log_sum = dlt + 2 * kBlockM;
       float raw_tile[kQTiles][4];
       if (fast_tile) {
         RawBiasTile::read_transposed<Element, kQTiles>(sRawTile + stage * RawBiasTile::kElems, warp_row, lane,
@@ -314,7 +323,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
           const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
           const float prob = exp2_approx((x - row_max[query]) - row_log_sum[query]);
           s[nt][e] = prob;
-          dp[nt][e] = prob * (dp[nt][e] - dlt[query]);
+          dp[nt][e] = kDeltaInit ? dp[nt][e] * prob : prob * (dp[nt][e] - dlt[query]);
         }
       }
 

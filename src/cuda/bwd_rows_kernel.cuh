@@ -287,9 +287,15 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
     // S = Q K^T and dP = dO V^T.
     const Element* Ks = sK + kv_stage * T::kSeqElems;
     const Element* Vs = sV + kv_stage * T::kSeqElems;
+    // Over n, dP's accumulators start at -Delta of their rows, so they end as dP - Delta, and
+    // dS goes into the bias accumulator by one FFMA (the other jobs' loops spilled that way).
     float s[kNTiles][4], dp[kNTiles][4];
-    for (int nt = 0; nt < kNTiles; ++nt)
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = 0.0f;
+        dp[nt][e] = kOverN ? -dlt[e / 2] : 0.0f;
+      }
+    }
     for (int kk = 0; kk < kKSteps; ++kk) {
       if constexpr (!kDq) read_q_frags(kk);
       for (int np = 0; np < kNTiles / 2; ++np) {
@@ -320,8 +326,14 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
           const float x1 = score_log2(s[nt][2 * r + 1], p.scale_log2, kb.y, tb.y);
           const float p0 = exp2_approx(decltype(exact)::value ? (x0 - row_max[r]) - row_log_sum[r] : x0 - row_max[r]);
           const float p1 = exp2_approx(decltype(exact)::value ? (x1 - row_max[r]) - row_log_sum[r] : x1 - row_max[r]);
-          dp[nt][2 * r] = p0 * (dp[nt][2 * r] - dlt[r]);  // dS
-          dp[nt][2 * r + 1] = p1 * (dp[nt][2 * r + 1] - dlt[r]);
+          // dS = P (dP - Delta): for dQ's mma, or summed into the bias accumulator.
+          if constexpr (kOverN) {
+            acc[nt][2 * r] = fmaf(p0, dp[nt][2 * r], acc[nt][2 * r]);
+            acc[nt][2 * r + 1] = fmaf(p1, dp[nt][2 * r + 1], acc[nt][2 * r + 1]);
+          } else {
+            dp[nt][2 * r] = p0 * (dp[nt][2 * r] - dlt[r]);
+            dp[nt][2 * r + 1] = p1 * (dp[nt][2 * r + 1] - dlt[r]);
+          }
         }
       }
     };
@@ -344,7 +356,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
           mma_16816<Element>(acc_dq[2 * dq + 1], a, {kb[2], kb[3]});
         }
       }
-    } else {
+    } else if constexpr (!kOverN) {
       for (int nt = 0; nt < kNTiles; ++nt)
         for (int e = 0; e < 4; ++e) acc[nt][e] += dp[nt][e];
     }

@@ -26,6 +26,9 @@ std::vector<Case> grid() {
     // Lk % 8 == 0 with biases in the input dtype: the CUDA kernels' fast path.
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(1, 8, 2, 64, 64, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
+    // N = 1 on the fast path: the pair-bias gradient's walk over n is one chunk, and its kernel
+    // writes the gradient itself (no partials, no reduce).
+    cases.push_back(shape(2, 1, 2, 136, 72, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
     // B N H >= 256: the CUDA dK/dV kernel computes dQ too, summing over key tiles in shared
     // memory where all of Lq fits (on an H100 all of these but D = 64), else in the workspace
     // (SmallGpuVariants runs those on smaller GPUs' budgets; one key tile: straight to dq; one
