@@ -22,7 +22,9 @@ FWD_GROUPS = {16: [2], 32: [2], 64: [3, 2, 1], 128: [2, 1]}
 # The fast forward compiled for one tile-bias kind (FwdTile in launch_plan.h: none, as in MSA
 # column attention; a fast tile shared over n, the Evoformer pair bias) at these head dims
 # (dispatch.cu's fwd_mma_path picks them): file suffix -> template argument.
-FWD_TILE_KINDS = {"_notile": "FwdTile::kNone", "_sharedtile": "FwdTile::kShared"}
+FWD_TILE_KINDS = {"_notile": "FwdTile::kNone", "_sharedtile": "FwdTile::kShared",
+                  "_owntile": "FwdTile::kOwn"}
+# (These cover every fast call, so their head dims have no fast kAny forward.)
 FWD_TILE_KIND_HEAD_DIMS = [16, 32]
 # The wide-warp forward (fwd_warp_m_tiles: head dim 64, a shared tile, kWideFwdGroups groups).
 FWD_WIDE = {64: 4}
@@ -61,6 +63,8 @@ def main() -> None:
                     tag = f"_g{g}" if g is not None else ""
                     garg = f"{g}, " if g is not None else ""
                     for suffix, fast in VARIANTS.items():
+                        if kernel == "fwd" and suffix == "_fast" and hd in FWD_TILE_KIND_HEAD_DIMS:
+                            continue
                         write_instantiation(out, f"{kernel}_{dname}_hdim{hd}{tag}{suffix}.cu", header,
                                             f"cudaError_t {fn}<{dtype}, {hd}, {garg}{fast}>{sig}", names)
                 if kernel == "bwd_dkdv" and hd in DKDV_NO_TILE_HEAD_DIMS:

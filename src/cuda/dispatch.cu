@@ -83,8 +83,8 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
                          cudaStream_t stream) {
   return with_head_dim(p.D, [&](auto hd) {
     constexpr int kHeadDim = decltype(hd)::value;
-    // Head dim <= 32, fast: the kernels compiled for no tile bias, or for a shared fast tile
-    // (gen_instantiations.py's FWD_TILE_KINDS).
+    // Head dim <= 32, fast: the kernels compiled for no tile bias, a shared fast tile, or each
+    // group's own (gen_instantiations.py's FWD_TILE_KINDS).
     using cuda::FwdTile;
     if constexpr (kFast && kHeadDim <= 32) {
       constexpr int kGroups = cuda::kSmallHeadDimFwdGroups;
@@ -94,21 +94,24 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       if (cuda::fwd_shared_tile(plan)) {
         return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, plan, stream);
       }
-    }
-    // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where its
-    // shared memory fits this GPU (218 KB: the H100) and its four groups still share the tile.
-    if constexpr (kFast && kHeadDim == 64) {
-      constexpr int kGroups = cuda::kWideFwdGroups;
-      if (cuda::fwd_smem_bytes(kHeadDim, kGroups, cuda::fwd_warp_m_tiles(kHeadDim, FwdTile::kShared)) <=
-          smem_limit) {
-        LaunchPlan wide = plan;
-        cuda::set_fwd_groups(wide, p, kGroups);
-        if (cuda::fwd_shared_tile(wide)) {
-          return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, wide, stream);
+      // The fast path's only tile bias is the fast tile.
+      return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kOwn>(p, plan, stream);
+    } else {
+      // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where its
+      // shared memory fits this GPU (218 KB: the H100) and its four groups still share the tile.
+      if constexpr (kFast && kHeadDim == 64) {
+        constexpr int kGroups = cuda::kWideFwdGroups;
+        if (cuda::fwd_smem_bytes(kHeadDim, kGroups, cuda::fwd_warp_m_tiles(kHeadDim, FwdTile::kShared)) <=
+            smem_limit) {
+          LaunchPlan wide = plan;
+          cuda::set_fwd_groups(wide, p, kGroups);
+          if (cuda::fwd_shared_tile(wide)) {
+            return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, wide, stream);
+          }
         }
       }
+      return run_fwd_groups<Element, kHeadDim, kFast>(p, plan, stream);
     }
-    return run_fwd_groups<Element, kHeadDim, kFast>(p, plan, stream);
   });
 }
 

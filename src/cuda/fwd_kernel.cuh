@@ -187,8 +187,9 @@ __global__ void __launch_bounds__(
   // The groups read one bias tile when it cannot differ between them (an idle group takes a
   // real item's n, so also when kGroups does not divide N).
   constexpr bool kNoTile = kTile == FwdTile::kNone, kSharedTile = kTile == FwdTile::kShared;
+  constexpr bool kOwnTile = kTile == FwdTile::kOwn;
   constexpr bool kOneTileKind = kTile != FwdTile::kAny;
-  const bool shared_tile = kSharedTile || (plan.pair_over_n && plan.tile_shared_over_n);
+  const bool shared_tile = kSharedTile || (!kOwnTile && plan.pair_over_n && plan.tile_shared_over_n);
   // kLean: FwdTraits::kLeanTile's cuts, also at D = 32 in the kernels compiled for one tile
   // kind: with no predicated tile reads they cost that loop no spills (H100: msarow forward
   // 0.360 -> 0.353 ms, b4tri384 1.11 -> 1.08).
@@ -211,8 +212,8 @@ __global__ void __launch_bounds__(
   Element* myK = sK + group * 2 * kBlockN * kRowStride;
   Element* myV = sV + group * 2 * kBlockN * kRowStride;
   float* myKey = sKey + group * 2 * kBlockN;
-  const bool has_tile = kSharedTile || (!kNoTile && plan.tile_slots != 0);
-  const bool fast_tile = kSharedTile || (!kNoTile && plan.tile_fast_slot >= 0);
+  const bool has_tile = kSharedTile || kOwnTile || (!kNoTile && plan.tile_slots != 0);
+  const bool fast_tile = kSharedTile || kOwnTile || (!kNoTile && plan.tile_fast_slot >= 0);
   // The fast tile: its raw bias staged by cp.async in two stages (RawBiasTile), the block's one
   // shared tile or one per group, copied by the block's or the group's first 128 threads, in the
   // float tile's space (a call uses one of the two).
@@ -582,7 +583,7 @@ template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>;
   if (plan.fwd_groups != kGroups || (kTile == FwdTile::kNone && plan.tile_slots != 0) ||
-      (kTile == FwdTile::kShared && !fwd_shared_tile(plan))) {
+      (kTile == FwdTile::kShared && !fwd_shared_tile(plan)) || (kTile == FwdTile::kOwn && plan.tile_fast_slot < 0)) {
     return cudaErrorInvalidValue;
   }
   auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile>;

@@ -150,9 +150,10 @@ constexpr int64_t kFewBackwardRows = 256;
 constexpr int kMaxFusedDqHeadDim = 64;
 
 // Which tile bias a forward instantiation is compiled for (its `kTile`): any (runtime), none
-// (plan.tile_slots == 0), or the fast tile shared by the block's groups over n (fwd_shared_tile:
-// the Evoformer pair bias), whose fill then takes one chunk pair per thread.
-enum class FwdTile { kAny, kNone, kShared };
+// (plan.tile_slots == 0), the fast tile shared by the block's groups over n (fwd_shared_tile:
+// the Evoformer pair bias), whose fill then takes one chunk pair per thread, or a fast tile of
+// each group's own (N = 1: AlphaFold 3's pair-biased attention; or a bias that varies with n).
+enum class FwdTile { kAny, kNone, kShared, kOwn };
 
 inline bool fwd_shared_tile(const LaunchPlan& plan) {
   return plan.tile_fast_slot >= 0 && plan.pair_over_n && plan.tile_shared_over_n;

@@ -5,14 +5,14 @@ list(APPEND EVOATTN_SOURCES
   cuda/row_stats.cu
   cuda/simt_fp32.cu
   cuda/smem_budget.cu
-  cuda/instantiations/fwd_fp16_hdim16_g2_fast.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_notile.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_sharedtile.cu
-  cuda/instantiations/fwd_fp16_hdim32_g2_fast.cu
+  cuda/instantiations/fwd_fp16_hdim16_g2_fast_owntile.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_fast_notile.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_fast_sharedtile.cu
+  cuda/instantiations/fwd_fp16_hdim32_g2_fast_owntile.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g2_fast.cu
@@ -24,14 +24,14 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_fp16_hdim128_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim128_g1_fast.cu
   cuda/instantiations/fwd_fp16_hdim128_g1_generic.cu
-  cuda/instantiations/fwd_bf16_hdim16_g2_fast.cu
   cuda/instantiations/fwd_bf16_hdim16_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim16_g2_fast_notile.cu
   cuda/instantiations/fwd_bf16_hdim16_g2_fast_sharedtile.cu
-  cuda/instantiations/fwd_bf16_hdim32_g2_fast.cu
+  cuda/instantiations/fwd_bf16_hdim16_g2_fast_owntile.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_fast_notile.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_fast_sharedtile.cu
+  cuda/instantiations/fwd_bf16_hdim32_g2_fast_owntile.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g2_fast.cu

@@ -2,5 +2,5 @@
 #include "cuda/fwd_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t run_fwd<__nv_bfloat16, 16, 2, true>(const FwdParams&, const LaunchPlan&, cudaStream_t);
+template cudaError_t run_fwd<__nv_bfloat16, 16, 2, true, FwdTile::kOwn>(const FwdParams&, const LaunchPlan&, cudaStream_t);
 }  // namespace evoattn::cuda
