@@ -20,11 +20,11 @@ KERNELS = {
 # The forward's group counts per head-dim bucket (fwd_groups_for in launch_plan.h).
 FWD_GROUPS = {16: [2], 32: [2], 64: [3, 2, 1], 128: [2, 1]}
 # The fast forward compiled for one tile-bias kind (FwdTile in launch_plan.h: none, as in MSA
-# column attention; a fast tile shared over n, the Evoformer pair bias) at these head dims
-# (dispatch.cu's fwd_mma_path picks them): file suffix -> template argument.
+# column attention; a fast tile shared over n, the Evoformer pair bias; each group's own fast
+# tile, as with N = 1) at these head dims (dispatch.cu's fwd_mma_path picks them): file suffix ->
+# template argument. The three cover every fast call, so these head dims have no fast kAny forward.
 FWD_TILE_KINDS = {"_notile": "FwdTile::kNone", "_sharedtile": "FwdTile::kShared",
                   "_owntile": "FwdTile::kOwn"}
-# (These cover every fast call, so their head dims have no fast kAny forward.)
 FWD_TILE_KIND_HEAD_DIMS = [16, 32]
 # The wide-warp forward (fwd_warp_m_tiles: head dim 64, a shared tile, kWideFwdGroups groups).
 FWD_WIDE = {64: 4}
