@@ -26,6 +26,10 @@ FWD_GROUPS = {16: [2], 32: [2], 64: [3, 2, 1], 128: [2, 1]}
 FWD_TILE_KINDS = {"_notile": "FwdTile::kNone", "_sharedtile": "FwdTile::kShared",
                   "_owntile": "FwdTile::kOwn"}
 FWD_TILE_KIND_HEAD_DIMS = [16, 32]
+# Head dim 24 exactly (AlphaFold 3's pair-bias attention, N = 1): the fast forward for each
+# group's own tile, with narrower mmas than the 32 bucket's (FwdTraits::kSmemHeadDim), with and
+# without key biases (fwd_key_bias_free): file suffix -> template arguments after the group count.
+FWD_HEAD_DIM_24_KINDS = {"_owntile": "true, FwdTile::kOwn", "_owntile_nokeys": "true, FwdTile::kOwn, false"}
 # The wide-warp forward (fwd_warp_m_tiles: head dim 64, a shared tile, kWideFwdGroups groups).
 FWD_WIDE = {64: 4}
 # The fast dK/dV kernel compiled without tile-bias code (`kNoTile`, three blocks per SM) at these
@@ -75,6 +79,12 @@ def main() -> None:
                     for suffix, kind in FWD_TILE_KINDS.items():
                         write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast{suffix}.cu", header,
                                             f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, {kind}>{sig}",
+                                            names)
+                if kernel == "fwd" and hd == 32:
+                    g = FWD_GROUPS[hd][0]
+                    for suffix, args in FWD_HEAD_DIM_24_KINDS.items():
+                        write_instantiation(out, f"fwd_{dname}_hdim24_g{g}_fast{suffix}.cu", header,
+                                            f"cudaError_t {fn}<{dtype}, 24, {g}, {args}>{sig}",
                                             names)
                 if kernel == "fwd" and hd in FWD_WIDE:
                     g = FWD_WIDE[hd]

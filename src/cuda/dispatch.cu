@@ -94,7 +94,16 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       if (cuda::fwd_shared_tile(plan)) {
         return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, plan, stream);
       }
-      // The fast path's only tile bias is the fast tile.
+      // The fast path's only tile bias is the fast tile. Head dim 24 (AlphaFold 3's pair-bias
+      // attention, N = 1) has its own narrower kernels for it, also one without key biases.
+      if constexpr (kHeadDim == 32) {
+        if (p.D == 24) {
+          if (cuda::fwd_key_bias_free(plan, p.Lk, cuda::kTile)) {
+            return cuda::run_fwd<Element, 24, kGroups, true, FwdTile::kOwn, false>(p, plan, stream);
+          }
+          return cuda::run_fwd<Element, 24, kGroups, true, FwdTile::kOwn>(p, plan, stream);
+        }
+      }
       return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kOwn>(p, plan, stream);
     } else {
       // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where its

@@ -35,6 +35,10 @@ struct FwdTraits {
   static constexpr int kBlockM = 64;  // query rows per group
   static constexpr int kBlockN = 64;  // keys per tile
   static constexpr int kGroups = kGroupCount;
+  // Head dim 24 (AlphaFold 3's pair-bias attention) keeps the 32 bucket's shared-memory rows
+  // and copies, and only its mmas are narrower: QK^T's last k-step is an m16n8k8, P V has three
+  // column tiles (kDTiles).
+  static constexpr int kSmemHeadDim = (kHeadDim + 15) / 16 * 16;
   // A warp's rows: kWarpMTiles mma row tiles of 16 (fwd_warp_m_tiles). Two share every K and V
   // fragment a warp loads, and give it two independent mma chains.
   static constexpr int kWarpMTiles = kWarpMTileCount;
@@ -60,9 +64,9 @@ struct FwdTraits {
   // per lane, and the other two skip that (~40 instructions a tile); balanced is better where
   // a barrier waits on the slowest warp with no spare warp to fill the gap: D = 16 5% faster,
   // D = 32 +8% on apb768, D = 64 +6%; the D = 32 kernels for one tile kind take it too (see there).
-  static constexpr bool kLeanTile = kHeadDim != 32;
+  static constexpr bool kLeanTile = kSmemHeadDim != 32;
   static constexpr bool kKeysInTwoWarps = kHeadDim <= 16;
-  static constexpr int kRowStride = kHeadDim + 8;
+  static constexpr int kRowStride = kSmemHeadDim + 8;
   // Float bias tile row stride: 72 = 8 (mod 32) words, so a half-warp's float2 reads of
   // rows g = 0..3 land in four disjoint 8-bank groups.
   static constexpr int kTileStride = kBlockN + 8;
@@ -73,10 +77,11 @@ struct FwdTraits {
   static constexpr int kKeyFloats = kGroups * 2 * kBlockN;  // two buffers per group
   static constexpr size_t kSmemBytes =
       (kQElems + 2 * kKVElems) * sizeof(Element) + (kTileFloats + kKeyFloats) * sizeof(float);
-  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "head dim buckets are multiples of 16");
+  static_assert((kHeadDim % 16 == 0 || kHeadDim == 24) && kHeadDim <= 128,
+                "head dim buckets are multiples of 16, or 24");
   static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan counts kTile tiles");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
-  static_assert(kSmemBytes == fwd_smem_bytes(kHeadDim, kGroups, kWarpMTiles),
+  static_assert(kSmemBytes == fwd_smem_bytes(kSmemHeadDim, kGroups, kWarpMTiles),
                 "fwd_smem_bytes counts this layout");
   static_assert((kGroups - 1) * kGroupThreads * (kHeadDim / 2 + 4) * sizeof(float) <=
                     kKVElems * sizeof(Element),
@@ -104,8 +109,11 @@ template <int kHeadDim, FwdTile kTile>
 inline constexpr int kFwdWarpMTiles = fwd_warp_m_tiles(kHeadDim, kTile);
 
 // kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out. kTile:
-// the tile bias it is compiled for (FwdTile); kNone compiles the tile code out.
-template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny>
+// the tile bias it is compiled for (FwdTile); kNone compiles the tile code out. kKeyBias =
+// false: no key-bias code either (fwd_key_bias_free: whole key tiles, no key slot; the head-dim-24
+// kernel of AlphaFold 3's pair-bias attention: 11% fewer loop instructions).
+template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny,
+          bool kKeyBias = true>
 __global__ void __launch_bounds__(
     FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kThreads,
     FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kMinBlocksPerSm)
@@ -116,7 +124,9 @@ __global__ void __launch_bounds__(
   constexpr int kTileStride = T::kTileStride;
   constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S
   constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of O
-  constexpr int kKSteps = kHeadDim / 16;
+  constexpr int kKSteps = kHeadDim / 16;  // whole k-steps of QK^T
+  constexpr bool kHalfKStep = kHeadDim % 16 != 0;  // and an m16n8k8 one (head dim 24)
+  constexpr int kSmemHeadDim = T::kSmemHeadDim;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
@@ -241,10 +251,12 @@ __global__ void __launch_bounds__(
   constexpr bool kKeysInTwoWarps = T::kKeysInTwoWarps || kOneTileKind;
   static_assert(kKeysInTwoWarps || T::kGroupWarps == 4, "16 keys a warp need four warps");
   const int key_slot = kKeysInTwoWarps ? (warp % T::kGroupWarps) * 32 + lane : (warp % 4) * 16 + lane;
-  const bool key_filler = kKeysInTwoWarps ? warp % T::kGroupWarps < 2 : lane < 16;
+  const bool key_filler = kKeyBias && (kKeysInTwoWarps ? warp % T::kGroupWarps < 2 : lane < 16);
+  static_assert(kKeyBias || (kFast && (kTile == FwdTile::kOwn || kTile == FwdTile::kShared)),
+                "without key biases: the fast tile's score form only");
 
-  using KVCopy = std::conditional_t<kFast, SeqTileStream32<Element, kBlockN, kHeadDim, T::kGroupThreads>,
-                                    SeqTileStream<Element, kBlockN, kHeadDim, T::kGroupThreads>>;
+  using KVCopy = std::conditional_t<kFast, SeqTileStream32<Element, kBlockN, kSmemHeadDim, T::kGroupThreads>,
+                                    SeqTileStream<Element, kBlockN, kSmemHeadDim, T::kGroupThreads>>;
   KVCopy k_copy, v_copy;
   RawBiasTileStream<Index> raw_tile;
   KeyBiasStream<Index> key_bias;
@@ -263,7 +275,7 @@ __global__ void __launch_bounds__(
   };
   // An item's Q into the group's Q buffer (the caller commits).
   auto load_q = [&](const Item& item) {
-    load_rows_to_smem<Element, kBlockM, kHeadDim, T::kGroupThreads>(
+    load_rows_to_smem<Element, kBlockM, kSmemHeadDim, T::kGroupThreads>(
         myQ, row_ptr<Element>(p.q, p.q_stride, item.b, item.n, item.h), item.i0, p.Lq, p.D, vec_q,
         group_tid);
   };
@@ -287,7 +299,7 @@ __global__ void __launch_bounds__(
       raw_tile.start(p, plan, raw_copy_tid, item.b, item.n, item.h, item.i0, j_begin);
       raw_tile.copy_next(myRawTile + s * RawBiasTile::kElems, plan, raw_copy_tid);
     }
-    key_bias.start(p, plan, item.b, item.n, item.h, static_cast<Index>(j_begin + key_slot));
+    if (kKeyBias) key_bias.start(p, plan, item.b, item.n, item.h, static_cast<Index>(j_begin + key_slot));
     if (key_filler) key_bias.template load_next<kFast>(p, plan, item.b, item.n, item.h);
   };
 
@@ -310,6 +322,7 @@ __global__ void __launch_bounds__(
     Item next = cur;
 
     uint32_t q_frag[kQInRegs ? kMT : 1][kQInRegs ? kKSteps : 1][4];
+    uint32_t q_half[kQInRegs && kHalfKStep ? kMT : 1][2];  // the m16n8k8 step's A
     float acc_o[kMT][kDTiles][4];
     float row_max[kMT][2], row_sum[kMT][2];
     #pragma unroll
@@ -358,10 +371,16 @@ __global__ void __launch_bounds__(
       auto q_fragment = [&](uint32_t(&frag)[4], int mt, int kk) {
         ldmatrix_x4(frag, myQ + (warp_row + 16 * mt + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
       };
+      // The half step's A: rows lane % 16 (lanes 16.. give no address to an .x2).
+      auto q_half_fragment = [&](uint32_t(&frag)[2], int mt) {
+        ldmatrix_x2(frag, myQ + (warp_row + 16 * mt + lane % 16) * kRowStride + kKSteps * 16);
+      };
       if (kQInRegs && it == 0) {
         #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt) {
           for (int kk = 0; kk < kKSteps; ++kk) q_fragment(q_frag[mt][kk], mt, kk);
+          if constexpr (kHalfKStep) q_half_fragment(q_half[mt], mt);
+        }
       }
 
       // S = Q K^T.
@@ -390,6 +409,26 @@ __global__ void __launch_bounds__(
             mma_16816<Element>(s[mt][2 * np], qf[mt], {kf[0], kf[1]});
             mma_16816<Element>(s[mt][2 * np + 1], qf[mt], {kf[2], kf[3]});
           }
+        }
+      }
+      if constexpr (kHalfKStep) {
+        uint32_t qh[kMT][2];
+        #pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          if (kQInRegs) {
+            qh[mt][0] = q_half[mt][0];
+            qh[mt][1] = q_half[mt][1];
+          } else {
+            q_half_fragment(qh[mt], mt);
+          }
+        }
+        // One x4 gives the half step's B of four column tiles: matrix lane / 8 = tile 4 nq + lane / 8.
+        for (int nq = 0; nq < kNTiles / 4; ++nq) {
+          uint32_t kf[4];
+          ldmatrix_x4(kf, Ks + (nq * 32 + lane) * kRowStride + kKSteps * 16);
+          #pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+            for (int i = 0; i < 4; ++i) mma_1688<Element>(s[mt][4 * nq + i], qh[mt], kf[i]);
         }
       }
       // Q read from shared memory every tile: the next item's Q may replace it once both warps
@@ -422,7 +461,11 @@ __global__ void __launch_bounds__(
           for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
             if (fast_tile) {
               if (nt % 2 == 0) RawBiasTile::read_rows<Element>(raw, warp_row + 16 * mt, nt, lane, raw_bias[0], raw_bias[1]);
-              scores_log2(s[mt][nt], nt * 8 + 2 * t, keys, raw_bias[nt % 2], p.scale_log2);
+              if constexpr (kKeyBias) {
+                scores_log2(s[mt][nt], nt * 8 + 2 * t, keys, raw_bias[nt % 2], p.scale_log2);
+              } else {
+                scores_log2_from(s[mt][nt], make_float2(0.0f, 0.0f), raw_bias[nt % 2], p.scale_log2);
+              }
             } else if (kFast) {  // the fast path's only tile is the fast tile: none here
               scores_log2<kTileStride, TileRead::kNone>(s[mt][nt], nt * 8 + 2 * t, keys, tile, false,
                                                         p.scale_log2);
@@ -473,6 +516,13 @@ __global__ void __launch_bounds__(
               mma_16816<Element>(acc_o[mt][2 * dp], a[mt], {vf[0], vf[1]});
               mma_16816<Element>(acc_o[mt][2 * dp + 1], a[mt], {vf[2], vf[3]});
             }
+          }
+          if constexpr (kDTiles % 2 != 0) {  // head dim 24: the last column tile alone
+            uint32_t vf[2];
+            const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            ldmatrix_x2_trans(vf, Vs + key * kRowStride + (kDTiles - 1) * 8);
+            #pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) mma_16816<Element>(acc_o[mt][kDTiles - 1], a[mt], {vf[0], vf[1]});
           }
         }
       }
@@ -577,16 +627,18 @@ int64_t fwd_resident_blocks(Kernel* kernel, int threads, size_t smem) {
   return static_cast<int64_t>(sms) * per_sm;
 }
 
-// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kTile); defined per
-// instantiation file. plan.fwd_groups must be kGroups.
-template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny>
+// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kTile, kKeyBias); defined
+// per instantiation file. plan.fwd_groups must be kGroups.
+template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny,
+          bool kKeyBias = true>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>;
   if (plan.fwd_groups != kGroups || (kTile == FwdTile::kNone && plan.tile_slots != 0) ||
-      (kTile == FwdTile::kShared && !fwd_shared_tile(plan)) || (kTile == FwdTile::kOwn && plan.tile_fast_slot < 0)) {
+      (kTile == FwdTile::kShared && !fwd_shared_tile(plan)) || (kTile == FwdTile::kOwn && plan.tile_fast_slot < 0) ||
+      (!kKeyBias && !fwd_key_bias_free(plan, p.Lk, T::kBlockN))) {
     return cudaErrorInvalidValue;
   }
-  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile>;
+  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile, kKeyBias>;
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   // With pair_over_k one item per block (its merge reuses the K/V buffers); otherwise at most
   // the blocks that fit at once, each walking several items.

@@ -159,6 +159,14 @@ inline bool fwd_shared_tile(const LaunchPlan& plan) {
   return plan.tile_fast_slot >= 0 && plan.pair_over_n && plan.tile_shared_over_n;
 }
 
+// Whether a forward may run an instantiation compiled without key biases (its `kKeyBias` =
+// false): there are none, and every key tile a group walks lies whole inside Lk (the key biases
+// are what gives the columns past Lk their -inf).
+inline bool fwd_key_bias_free(const LaunchPlan& plan, int64_t Lk, int tile) {
+  return plan.key_slots == 0 && Lk % tile == 0 &&
+         (!plan.pair_over_k || plan.k_tiles % plan.fwd_groups == 0);
+}
+
 // Row tiles of 16 a forward warp computes (FwdTraits::kWarpMTiles): two for the head-dim-64
 // kernel with a shared tile (kWideFwdGroups groups of two warps at 255 registers: each K and V
 // fragment a warp loads feeds two mmas), else one (groups of four warps).

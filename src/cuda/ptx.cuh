@@ -1,5 +1,5 @@
 // Thin wrappers over the PTX the kernels use: cp.async (Ampere+), ldmatrix, mma.sync m16n8k16
-// (16-bit) and m16n8k8 (TF32), ex2.approx. Everything here exists on sm_80 and later.
+// (16-bit) and m16n8k8 (16-bit and TF32), ex2.approx. Everything here exists on sm_80 and later.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -91,6 +91,28 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const ui
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// D = A * B + C for one m16n8k8 tile (head dims of 8 mod 16: the last half k-step). Its A is
+// m16n8k16's a[0], a[1] and its B m16n8k16's b[0] for the same first eight k.
+template <typename Element>
+__device__ __forceinline__ void mma_1688(float (&c)[4], const uint32_t (&a)[2], uint32_t b);
+
+template <>
+__device__ __forceinline__ void mma_1688<__half>(float (&c)[4], const uint32_t (&a)[2], uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b));
+}
+
+template <>
+__device__ __forceinline__ void mma_1688<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[2],
+                                                        uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b));
 }
 
 // float32 -> TF32 (round to nearest, ties away), and the TF32 mma for the float32 opt-in path.

@@ -13,6 +13,8 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_fp16_hdim32_g2_fast_notile.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_fast_sharedtile.cu
   cuda/instantiations/fwd_fp16_hdim32_g2_fast_owntile.cu
+  cuda/instantiations/fwd_fp16_hdim24_g2_fast_owntile.cu
+  cuda/instantiations/fwd_fp16_hdim24_g2_fast_owntile_nokeys.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g3_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g2_fast.cu
@@ -32,6 +34,8 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_bf16_hdim32_g2_fast_notile.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_fast_sharedtile.cu
   cuda/instantiations/fwd_bf16_hdim32_g2_fast_owntile.cu
+  cuda/instantiations/fwd_bf16_hdim24_g2_fast_owntile.cu
+  cuda/instantiations/fwd_bf16_hdim24_g2_fast_owntile_nokeys.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g3_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g2_fast.cu

@@ -233,19 +233,21 @@ Inputs make_inputs(const Case& c) {
   util::fill_uniform(in.d_o.view, rng, -1.0, 1.0);
   const std::vector<int64_t> full = {c.B, c.N, c.H, c.Lq, c.Lk};
   const evoattn_dtype_t bias_dtype = c.bias_f32 ? EVOATTN_FLOAT32 : c.dtype;
+  auto add_key_ramp = [&](util::Tensor& bias) {
+    std::vector<double> values = util::to_doubles(bias.view);  // logical order: k last
+    const int64_t keys = bias.view.sizes[4];
+    for (size_t i = 0; i < values.size(); ++i) values[i] += c.key_ramp * static_cast<double>(i % keys);
+    util::from_doubles(bias.view, values);
+  };
   if (!c.mask_bias.empty()) {
     in.mask_bias = make_bias(c.mask_bias, full, bias_dtype, c.layout);
     util::fill_uniform(in.mask_bias.view, rng, -2.0, 2.0);
-    if (c.key_ramp != 0.0) {
-      std::vector<double> values = util::to_doubles(in.mask_bias.view);  // logical order: k last
-      const int64_t keys = in.mask_bias.view.sizes[4];
-      for (size_t i = 0; i < values.size(); ++i) values[i] += c.key_ramp * static_cast<double>(i % keys);
-      util::from_doubles(in.mask_bias.view, values);
-    }
+    if (c.key_ramp != 0.0) add_key_ramp(in.mask_bias);
   }
   if (!c.pair_bias.empty()) {
     in.pair_bias = make_bias(c.pair_bias, full, bias_dtype, c.layout);
     util::fill_uniform(in.pair_bias.view, rng, -2.0, 2.0);
+    if (c.key_ramp != 0.0 && c.mask_bias.empty()) add_key_ramp(in.pair_bias);
   }
   if (c.mask.size() == 3) {
     in.mask = make_tensor({c.mask[0] == '1' ? 1 : c.B, c.mask[1] == '1' ? 1 : c.N, c.Lk},

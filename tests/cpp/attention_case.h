@@ -55,8 +55,9 @@ struct Case {
   Layout out_layout = Layout::kContiguous;  // o, lse and every gradient
   double scale = 0.0;                       // 0 = the default 1/sqrt(D)
   bool nan_inputs = false;                  // a NaN in k, v and the pair bias (see plant_nans)
-  // mask_bias[.., j] += key_ramp * j: scores rise along the keys, so later key tiles pass a
-  // row's running max (the CUDA forward moves its lazy reference max, or keeps it within slack).
+  // mask_bias[.., j] += key_ramp * j (the pair bias's, without a mask bias): scores rise along
+  // the keys, so later key tiles pass a row's running max (the CUDA forward moves its lazy
+  // reference max, or keeps it within slack).
   double key_ramp = 0.0;
   bool tf32 = false;                        // options.allow_tf32 (float32 inputs)
   uint64_t seed = 0;

@@ -31,6 +31,15 @@ std::vector<Case> grid() {
     cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 64, 2, 70, 136, 16, dt).biases("bn11k", "b1hqk"));  // kShared, D 16
     cases.push_back(shape(1, 1, 200, 130, 96, 16, dt).biases("", "bnhqk"));
+    // Head dim 24 with each group's own fast tile (AlphaFold 3's N = 1 pair-bias attention: the
+    // kernel with an m16n8k8 step and three column tiles of O), split keys and over query tiles;
+    // without a mask bias and with whole key tiles its instantiation without key biases (split
+    // keys: an even key-tile count; an odd one takes the other).
+    cases.push_back(shape(2, 1, 2, 80, 136, 24, dt).biases("bn11k", "b1hqk"));
+    cases.push_back(shape(1, 1, 200, 130, 96, 24, dt).biases("", "bnhqk"));
+    cases.push_back(shape(2, 1, 2, 80, 128, 24, dt).biases("", "b1hqk"));
+    cases.push_back(shape(1, 1, 200, 130, 128, 24, dt).biases("", "bnhqk"));
+    cases.push_back(shape(2, 1, 2, 70, 192, 24, dt).biases("", "b1hqk"));
     // No tile bias, head dim <= 32: the fast forward compiled without tile code (FwdTile::kNone),
     // split keys, paired over n, over query tiles.
     cases.push_back(shape(2, 3, 2, 80, 136, 32, dt).biases("bn11k", ""));
@@ -73,6 +82,12 @@ std::vector<Case> grid() {
       Case mask_only = shape(2, 3, 2, 70, 304, 32, dt).biases("bn11k", "");  // FwdTile::kNone
       mask_only.key_ramp = ramp;
       cases.push_back(mask_only);
+      Case own24 = shape(2, 1, 2, 70, 304, 24, dt).biases("bn11k", "b1hqk");  // kOwn, head dim 24
+      own24.key_ramp = ramp;
+      cases.push_back(own24);
+      Case own24_no_keys = shape(2, 1, 2, 70, 256, 24, dt).biases("", "b1hqk");  // and no key biases
+      own24_no_keys.key_ramp = ramp;
+      cases.push_back(own24_no_keys);
     }
   }
   // A caller-given scale: in float32, and in bf16 on the CUDA fast path (Lk % 8 == 0) with a
