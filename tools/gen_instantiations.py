@@ -28,8 +28,8 @@ FWD_TILE_KINDS = {"_notile": "FwdTile::kNone", "_sharedtile": "FwdTile::kShared"
 FWD_TILE_KIND_HEAD_DIMS = [16, 32]
 # Head dim 24 exactly (AlphaFold 3's pair-bias attention, N = 1): the fast forward for each
 # group's own tile, with narrower mmas than the 32 bucket's (FwdTraits::kSmemHeadDim), with and
-# without key biases (fwd_key_bias_free): file suffix -> template arguments after the group count.
-FWD_HEAD_DIM_24_KINDS = {"_owntile": "true, FwdTile::kOwn", "_owntile_nokeys": "true, FwdTile::kOwn, false"}
+# without key biases (fwd_key_bias_free): file suffix -> template arguments after `kFast`.
+FWD_HEAD_DIM_24_KINDS = {"_owntile": "FwdTile::kOwn", "_owntile_nokeys": "FwdTile::kOwn, false"}
 # The wide-warp forward (fwd_warp_m_tiles: head dim 64, a shared tile, kWideFwdGroups groups).
 FWD_WIDE = {64: 4}
 # The fast dK/dV kernel compiled without tile-bias code (`kNoTile`, three blocks per SM) at these
@@ -84,7 +84,7 @@ def main() -> None:
                     g = FWD_GROUPS[hd][0]
                     for suffix, args in FWD_HEAD_DIM_24_KINDS.items():
                         write_instantiation(out, f"fwd_{dname}_hdim24_g{g}_fast{suffix}.cu", header,
-                                            f"cudaError_t {fn}<{dtype}, 24, {g}, {args}>{sig}",
+                                            f"cudaError_t {fn}<{dtype}, 24, {g}, true, {args}>{sig}",
                                             names)
                 if kernel == "fwd" and hd in FWD_WIDE:
                     g = FWD_WIDE[hd]

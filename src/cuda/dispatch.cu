@@ -98,7 +98,7 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       // attention, N = 1) has its own narrower kernels for it, also one without key biases.
       if constexpr (kHeadDim == 32) {
         if (p.D == 24) {
-          if (cuda::fwd_key_bias_free(plan, p.Lk, cuda::kTile)) {
+          if (cuda::fwd_key_bias_free(plan, p.Lk)) {
             return cuda::run_fwd<Element, 24, kGroups, true, FwdTile::kOwn, false>(p, plan, stream);
           }
           return cuda::run_fwd<Element, 24, kGroups, true, FwdTile::kOwn>(p, plan, stream);

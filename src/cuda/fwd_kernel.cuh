@@ -635,7 +635,7 @@ cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t str
   using T = FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>;
   if (plan.fwd_groups != kGroups || (kTile == FwdTile::kNone && plan.tile_slots != 0) ||
       (kTile == FwdTile::kShared && !fwd_shared_tile(plan)) || (kTile == FwdTile::kOwn && plan.tile_fast_slot < 0) ||
-      (!kKeyBias && !fwd_key_bias_free(plan, p.Lk, T::kBlockN))) {
+      (!kKeyBias && !fwd_key_bias_free(plan, p.Lk))) {
     return cudaErrorInvalidValue;
   }
   auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile, kKeyBias>;

@@ -162,8 +162,8 @@ inline bool fwd_shared_tile(const LaunchPlan& plan) {
 // Whether a forward may run an instantiation compiled without key biases (its `kKeyBias` =
 // false): there are none, and every key tile a group walks lies whole inside Lk (the key biases
 // are what gives the columns past Lk their -inf).
-inline bool fwd_key_bias_free(const LaunchPlan& plan, int64_t Lk, int tile) {
-  return plan.key_slots == 0 && Lk % tile == 0 &&
+inline bool fwd_key_bias_free(const LaunchPlan& plan, int64_t Lk) {
+  return plan.key_slots == 0 && Lk % kTile == 0 &&
          (!plan.pair_over_k || plan.k_tiles % plan.fwd_groups == 0);
 }
 
