@@ -31,7 +31,7 @@ FWD_TILE_KIND_HEAD_DIMS = [16, 32]
 # without key biases (fwd_key_bias_free): file suffix -> template arguments after `kFast`.
 FWD_HEAD_DIM_24_KINDS = {"_owntile": "FwdTile::kOwn", "_owntile_nokeys": "FwdTile::kOwn, false"}
 # The wide-warp forward (fwd_warp_m_tiles: head dim 64, a shared tile, kWideFwdGroups groups).
-FWD_WIDE = {64: 4}
+FWD_WIDE = {64: 2}
 # The fast dK/dV kernel compiled without tile-bias code (`kNoTile`, three blocks per SM) at these
 # head dims (dkdv_no_tile in launch_plan.h): "_notile" files.
 DKDV_NO_TILE_HEAD_DIMS = [32]

@@ -63,6 +63,20 @@ cudaError_t with_head_dim(int D, Launch&& launch) {
 
 // The mma.sync kernels use cuda::kTile x cuda::kTile tiles; the SIMT kernels 32 x 32.
 
+// Whether two blocks of `bytes` shared memory fit one SM of `device`, whose blocks may take
+// `allowed` (smem_per_block_limit). Per SM counts at most one block's `allowed` (so a smaller
+// GPU modelled by EVOATTN_MAX_SMEM_PER_BLOCK, whose SM holds about one block's worth, decides as
+// that GPU would).
+bool two_blocks_fit_sm(int device, size_t allowed, size_t bytes) {
+  int per_sm = 0, reserved = 0;
+  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) {
+    return false;
+  }
+  const size_t sm_bytes = std::min<size_t>(static_cast<size_t>(per_sm), allowed + reserved);
+  return bytes <= allowed && 2 * (bytes + reserved) <= sm_bytes;
+}
+
 // The forward instantiation for plan.fwd_groups: the group counts fwd_groups_for picks.
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_fwd_groups(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
@@ -106,12 +120,12 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       }
       return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kOwn>(p, plan, stream);
     } else {
-      // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where its
-      // shared memory fits this GPU (218 KB: the H100) and its four groups still share the tile.
+      // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where two of
+      // its blocks fit one SM of this GPU (109 KB each: the H100) and its groups still share the tile.
       if constexpr (kFast && kHeadDim == 64) {
         constexpr int kGroups = cuda::kWideFwdGroups;
-        if (cuda::fwd_smem_bytes(kHeadDim, kGroups, cuda::fwd_warp_m_tiles(kHeadDim, FwdTile::kShared)) <=
-            smem_limit) {
+        if (two_blocks_fit_sm(p.device, smem_limit,
+                              cuda::fwd_smem_bytes(kHeadDim, kGroups, cuda::fwd_warp_m_tiles(kHeadDim, FwdTile::kShared)))) {
           LaunchPlan wide = plan;
           cuda::set_fwd_groups(wide, p, kGroups);
           if (cuda::fwd_shared_tile(wide)) {
@@ -140,19 +154,12 @@ cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
 // slots are left out of the workspace then): the shared memory of the instantiation without
 // tile-bias code, which runs where the bias strides allow it (dkdv_no_tile) and the fast path
 // is taken, sets the occupancy; the larger one with the bias tile, which runs otherwise, must
-// still fit a block. Per SM counts at most one block's `allowed` (so a smaller GPU modelled by
-// EVOATTN_MAX_SMEM_PER_BLOCK, whose SM holds about one block's worth, decides as that GPU would).
+// still fit a block.
 bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
   const int bucket = head_dim_bucket(p.D);
   const size_t bytes = cuda::dkdv_smem_bytes_resident_dq(plan, bucket, cuda::dkdv_no_tile(p, bucket));
   const size_t bytes_with_tile = cuda::dkdv_smem_bytes_resident_dq(plan, bucket, false);
-  int per_sm = 0, reserved = 0;
-  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, p.device) != cudaSuccess) {
-    return false;
-  }
-  const size_t sm_bytes = std::min<size_t>(static_cast<size_t>(per_sm), allowed + reserved);
-  return bytes_with_tile <= allowed && 2 * (bytes + reserved) <= sm_bytes;
+  return bytes_with_tile <= allowed && two_blocks_fit_sm(p.device, allowed, bytes);
 }
 
 // The backward's launch plan: the dK/dV kernel computes dQ only where its larger shared

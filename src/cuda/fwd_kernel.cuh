@@ -1,7 +1,7 @@
 // Forward kernel for float16 / bfloat16 on mma.sync (sm_80+): FlashAttention-2 style.
 //
-//   block = kGroups groups x 4 warps (fwd_groups_for; at head dim 64 with a shared tile 4
-//   groups x 2 warps of 32 rows, fwd_warp_m_tiles), each group one work item (b, n, h,
+//   block = kGroups groups x 4 warps (fwd_groups_for; at head dim 64 with a shared tile 2
+//   groups x 2 warps of 32 rows, two blocks per SM, fwd_warp_m_tiles), each group one work item (b, n, h,
 //   64-query tile): rows n, n + 1, ... of one (b, h, q-tile) (pair_over_n; they share one
 //   pair-bias tile, double-buffered, one barrier per key tile), or consecutive q-tiles of one
 //   row, or — with few items (pair_over_k) — equal parts of one item's key tiles, merged at the
@@ -47,8 +47,10 @@ struct FwdTraits {
   static constexpr int kGroupThreads = 32 * kGroupWarps;
   static constexpr int kThreads = kGroups * kGroupThreads;
   // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
-  // (Wide warps, at head dim 64: one, 255 registers.)
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 32 ? 2 : 1;
+  // Wide warps (head dim 64): two blocks of two groups at 255 registers, so each block's barrier
+  // per key tile holds back four warps, not eight (H100, same-run A/B against one block of four
+  // groups: tri256d64 forward 0.227 -> 0.211 ms).
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 32 || kWarpMTiles == 2 ? 2 : 1;
   // One block per SM (head dim >= 64) walks several work items, starting each item's loads
   // during the previous item's last key tile: H100, tri256d64 forward 7% faster. At two blocks
   // per SM the other block hides an item's start, and the walk's extra live registers cost the
@@ -87,8 +89,11 @@ struct FwdTraits {
                     kKVElems * sizeof(Element),
                 "pair_over_k hands groups 1.. their partial results over the K buffer");
   // Two row tiles a warp: groups of two warps, each group's keys biases loaded by both (one key
-  // a lane), the shared tile filled by the block's 256 threads; no pair_over_k merge.
-  static_assert(kWarpMTiles == 1 || (kWarpMTiles == 2 && kThreads == 256), "wide warps: 4 groups");
+  // a lane), the shared raw tile copied by the block's 128 threads; no pair_over_k merge. Q's
+  // fragments are read from shared memory every key tile (see kQInRegs), which a block walking
+  // items would have to guard: wide-warp blocks take one item each.
+  static_assert(kWarpMTiles == 1 || (kWarpMTiles == 2 && kThreads == 128 && !kPersistent),
+                "wide warps: 2 groups, two blocks per SM");
 };
 
 
@@ -215,7 +220,8 @@ __global__ void __launch_bounds__(
   // tiles): read from shared memory there every tile, their 32 registers went to the loop
   // (H100, same-run A/B: tri256d64 forward 0.277 -> 0.237 ms: no spills, fewer waits for the
   // copies' address registers). Elsewhere from shared memory was within noise (msarow and
-  // extramsa 1% slower, b4tri384 1% faster).
+  // extramsa 1% slower, b4tri384 1% faster). Only blocks walking items (kPersistent) load the
+  // next item's Q during the last key tile, so they keep Q in registers.
   constexpr bool kQInRegs = kMT == 1;
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
@@ -279,11 +285,11 @@ __global__ void __launch_bounds__(
         myQ, row_ptr<Element>(p.q, p.q_stride, item.b, item.n, item.h), item.i0, p.Lq, p.D, vec_q,
         group_tid);
   };
-  // Starts an item: its Q (with_q), its first K/V tile into stage `s`, the raw bias of its
-  // first tile, its first key biases (the caller commits).
-  auto begin_item = [&](const Item& item, int s, bool with_q) {
+  // Starts an item: its Q, its first K/V tile into stage `s`, the raw bias of its first tile,
+  // its first key biases (the caller commits).
+  auto begin_item = [&](const Item& item, int s) {
     const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
-    if (with_q) load_q(item);
+    load_q(item);
     if constexpr (kFast) {
       auto stream = [&](const SeqStrides& st) {
         return KVCopy(bnh_offset(st, item.b, item.n, item.h), j_begin, static_cast<int>(st.l), p.D, group_tid);
@@ -312,7 +318,7 @@ __global__ void __launch_bounds__(
   // the second item on, an item's first loads are issued during the previous item's last key
   // tile, so its start costs no load latency.
   Item cur = decode(blockIdx.x);
-  begin_item(cur, 0, true);
+  begin_item(cur, 0);
   cp_async_commit();  // Q, K, V and the raw bias of the first key tile
   int walk = 0;  // key tiles done by the block: their parity picks K/V stages and bias buffers
   for (int64_t blk = blockIdx.x;;) {
@@ -363,7 +369,7 @@ __global__ void __launch_bounds__(
         cp_async_commit();
       } else if (has_next && it > 0) {
         next = decode(next_blk);
-        begin_item(next, stage ^ 1, kQInRegs);
+        begin_item(next, stage ^ 1);
         cp_async_commit();
         next_begun = true;
       }
@@ -431,15 +437,6 @@ __global__ void __launch_bounds__(
             for (int i = 0; i < 4; ++i) mma_1688<Element>(s[mt][4 * nq + i], qh[mt], kf[i]);
         }
       }
-      // Q read from shared memory every tile: the next item's Q may replace it once both warps
-      // of the group have read it for the item's last tile (a barrier id a group: 1 + group;
-      // ptxas then reserves all 16 ids, harmless at one block per SM).
-      if (!kQInRegs && next_begun) {
-        named_barrier_sync(1 + group, T::kGroupThreads);
-        load_q(next);
-        cp_async_commit();
-      }
-
       // Scores in the log2 domain, then the online softmax on rows g and g + 8 (kSoftmaxSpans
       // times a tile: a second span's scores and max overlap the first's exponentials and P V).
       // Row maxima and sums gather in kPartials independent partials per row (short dependency
@@ -607,7 +604,7 @@ __global__ void __launch_bounds__(
       // One key tile: its Q may still be read by another warp of the group.
       __syncthreads();
       next = decode(next_blk);
-      begin_item(next, walk & 1, true);
+      begin_item(next, walk & 1);
       cp_async_commit();
     }
     cur = next;

@@ -168,17 +168,18 @@ inline bool fwd_key_bias_free(const LaunchPlan& plan, int64_t Lk) {
 }
 
 // Row tiles of 16 a forward warp computes (FwdTraits::kWarpMTiles): two for the head-dim-64
-// kernel with a shared tile (kWideFwdGroups groups of two warps at 255 registers: each K and V
-// fragment a warp loads feeds two mmas), else one (groups of four warps).
+// kernel with a shared tile (kWideFwdGroups groups of two warps at 255 registers, two blocks per
+// SM: each K and V fragment a warp loads feeds two mmas), else one (groups of four warps).
 constexpr int fwd_warp_m_tiles(int head_dim, FwdTile tile) {
   return head_dim == 64 && tile == FwdTile::kShared ? 2 : 1;
 }
-constexpr int kWideFwdGroups = 4;
+constexpr int kWideFwdGroups = 2;
 
 // Float bias tile slots of a forward block: one per group, at least two (a shared tile
-// double-buffers in them); two where every group reads the shared tile (wide warps).
+// double-buffers in them); one in wide warps, which read only the shared raw tile (its two
+// stages take one float slot), so that two blocks fit an H100's SM.
 constexpr int fwd_tile_slots(int groups, int warp_m_tiles) {
-  return warp_m_tiles > 1 || groups < 2 ? 2 : groups;
+  return warp_m_tiles > 1 ? 1 : groups < 2 ? 2 : groups;
 }
 
 // Shared memory of the 16-bit forward (FwdTraits) for a head-dim bucket, group count and warp

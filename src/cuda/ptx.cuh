@@ -36,10 +36,6 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool va
                "l"(gmem), "r"(src_bytes)
                : "memory");
 }
-// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, a multiple of 32.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>

@@ -21,7 +21,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_fp16_hdim64_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g1_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g1_generic.cu
-  cuda/instantiations/fwd_fp16_hdim64_g4_fast_sharedtile.cu
+  cuda/instantiations/fwd_fp16_hdim64_g2_fast_sharedtile.cu
   cuda/instantiations/fwd_fp16_hdim128_g2_fast.cu
   cuda/instantiations/fwd_fp16_hdim128_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim128_g1_fast.cu
@@ -42,7 +42,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_bf16_hdim64_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g1_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g1_generic.cu
-  cuda/instantiations/fwd_bf16_hdim64_g4_fast_sharedtile.cu
+  cuda/instantiations/fwd_bf16_hdim64_g2_fast_sharedtile.cu
   cuda/instantiations/fwd_bf16_hdim128_g2_fast.cu
   cuda/instantiations/fwd_bf16_hdim128_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim128_g1_fast.cu

@@ -2,5 +2,5 @@
 #include "cuda/fwd_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t run_fwd<__half, 64, 4, true, FwdTile::kShared>(const FwdParams&, const LaunchPlan&, cudaStream_t);
+template cudaError_t run_fwd<__nv_bfloat16, 64, 2, true, FwdTile::kShared>(const FwdParams&, const LaunchPlan&, cudaStream_t);
 }  // namespace evoattn::cuda
