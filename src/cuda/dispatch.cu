@@ -124,8 +124,9 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       // its blocks fit one SM of this GPU (109 KB each: the H100) and its groups still share the tile.
       if constexpr (kFast && kHeadDim == 64) {
         constexpr int kGroups = cuda::kWideFwdGroups;
-        if (two_blocks_fit_sm(p.device, smem_limit,
-                              cuda::fwd_smem_bytes(kHeadDim, kGroups, cuda::fwd_warp_m_tiles(kHeadDim, FwdTile::kShared)))) {
+        constexpr size_t kBytes =
+            cuda::fwd_smem_bytes(kHeadDim, kGroups, cuda::fwd_warp_m_tiles(kHeadDim, FwdTile::kShared));
+        if (two_blocks_fit_sm(p.device, smem_limit, kBytes)) {
           LaunchPlan wide = plan;
           cuda::set_fwd_groups(wide, p, kGroups);
           if (cuda::fwd_shared_tile(wide)) {

@@ -1,11 +1,11 @@
 // Forward kernel for float16 / bfloat16 on mma.sync (sm_80+): FlashAttention-2 style.
 //
 //   block = kGroups groups x 4 warps (fwd_groups_for; at head dim 64 with a shared tile 2
-//   groups x 2 warps of 32 rows, two blocks per SM, fwd_warp_m_tiles), each group one work item (b, n, h,
-//   64-query tile): rows n, n + 1, ... of one (b, h, q-tile) (pair_over_n; they share one
-//   pair-bias tile, double-buffered, one barrier per key tile), or consecutive q-tiles of one
-//   row, or — with few items (pair_over_k) — equal parts of one item's key tiles, merged at the
-//   end. See LaunchPlan.
+//   groups x 2 warps of 32 rows, two blocks per SM, fwd_warp_m_tiles), each group one work
+//   item (b, n, h, 64-query tile): rows n, n + 1, ... of one (b, h, q-tile) (pair_over_n;
+//   they share one pair-bias tile, double-buffered, one barrier per key tile), or consecutive
+//   q-tiles of one row, or — with few items (pair_over_k) — equal parts of one item's key
+//   tiles, merged at the end. See LaunchPlan.
 //   for each key tile (64 keys, K/V and the raw bias tile double-buffered with cp.async; the
 //   bias read by ldmatrix, RawBiasTile):
 //     S  = Q K^T                      (per warp 16 or 32 x 64, fp32 accumulators)
@@ -47,14 +47,14 @@ struct FwdTraits {
   static constexpr int kGroupThreads = 32 * kGroupWarps;
   static constexpr int kThreads = kGroups * kGroupThreads;
   // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
-  // Wide warps (head dim 64): two blocks of two groups at 255 registers, so each block's barrier
-  // per key tile holds back four warps, not eight (H100, same-run A/B against one block of four
-  // groups: tri256d64 forward 0.227 -> 0.211 ms).
+  // Wide warps (head dim 64): two blocks of two groups (255 registers at most), so each block's
+  // barrier per key tile holds back four warps, not eight (H100, same-run A/B against one block
+  // of four groups: tri256d64 forward 0.227 -> 0.211 ms).
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 || kWarpMTiles == 2 ? 2 : 1;
-  // One block per SM (head dim >= 64) walks several work items, starting each item's loads
-  // during the previous item's last key tile: H100, tri256d64 forward 7% faster. At two blocks
-  // per SM the other block hides an item's start, and the walk's extra live registers cost the
-  // 128-register loop 10-20%.
+  // One block per SM (head dim >= 64, four-warp groups) walks several work items, starting
+  // each item's loads during the previous item's last key tile: H100, tri256d64 forward 7%
+  // faster. At two blocks per SM the other block hides an item's start, and the walk's extra
+  // live registers cost the 128-register loop 10-20%.
   static constexpr bool kPersistent = kMinBlocksPerSm == 1;
   // Per-tile instruction cuts (kLeanTile): without a tile bias the tile buffers hold zeros and
   // are read unconditionally (no zeroing of the predicated reads' registers, 15 CS2R a tile), and

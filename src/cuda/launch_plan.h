@@ -168,8 +168,8 @@ inline bool fwd_key_bias_free(const LaunchPlan& plan, int64_t Lk) {
 }
 
 // Row tiles of 16 a forward warp computes (FwdTraits::kWarpMTiles): two for the head-dim-64
-// kernel with a shared tile (kWideFwdGroups groups of two warps at 255 registers, two blocks per
-// SM: each K and V fragment a warp loads feeds two mmas), else one (groups of four warps).
+// kernel with a shared tile (kWideFwdGroups groups of two warps, up to 255 registers, two blocks
+// per SM: each K and V fragment a warp loads feeds two mmas), else one (groups of four warps).
 constexpr int fwd_warp_m_tiles(int head_dim, FwdTile tile) {
   return head_dim == 64 && tile == FwdTile::kShared ? 2 : 1;
 }
