@@ -35,6 +35,10 @@ FWD_WIDE = {64: 2}
 # The fast dK/dV kernel compiled without tile-bias code (`kNoTile`, three blocks per SM) at these
 # head dims (dkdv_no_tile in launch_plan.h): "_notile" files.
 DKDV_NO_TILE_HEAD_DIMS = [32]
+# The dK/dV kernel with warps of 32 keys (fast path, fast tile; dkdv_wide_keys in launch_plan.h)
+# at these head dims: "bwd_dkdv_wide_" files.
+DKDV_WIDE = ("cuda/bwd_dkdv_wide_kernel.cuh", "run_bwd_dkdv_wide")
+DKDV_WIDE_HEAD_DIMS = [32]
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
@@ -74,6 +78,10 @@ def main() -> None:
                 if kernel == "bwd_dkdv" and hd in DKDV_NO_TILE_HEAD_DIMS:
                     write_instantiation(out, f"bwd_dkdv_{dname}_hdim{hd}_fast_notile.cu", header,
                                         f"cudaError_t {fn}<{dtype}, {hd}, true, true>{sig}", names)
+                if kernel == "bwd_dkdv" and hd in DKDV_WIDE_HEAD_DIMS:
+                    wheader, wfn = DKDV_WIDE
+                    write_instantiation(out, f"bwd_dkdv_wide_{dname}_hdim{hd}.cu", wheader,
+                                        f"cudaError_t {wfn}<{dtype}, {hd}>{sig}", names)
                 if kernel == "fwd" and hd in FWD_TILE_KIND_HEAD_DIMS:
                     g = FWD_GROUPS[hd][0]
                     for suffix, kind in FWD_TILE_KINDS.items():

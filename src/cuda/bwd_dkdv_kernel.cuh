@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "backend.h"
+#include "cuda/bwd_running_dq.cuh"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
@@ -55,12 +56,6 @@ struct BwdKeyTraits {
                     (kNoTile || (kBlockM * kTileStride <= kTileFloats &&
                                  2 * RawBiasTile::kElems * sizeof(uint16_t) == kTileFloats * sizeof(float))),
                 "dkdv_smem_bytes counts this layout");
-  // Chunk `d` (8 floats) of running-dQ row `r` sits at chunk dq_chunk(r, d) of the row: a
-  // half-warp's rows g = 0..3 (same d) then fall in four distinct 8-bank groups.
-  static constexpr int kDTiles = kHeadDim / 8;
-  __device__ static int dq_chunk(int r, int d) {
-    return kDTiles >= 4 ? d ^ (r & 3) : d ^ ((r >> 1) & 1);
-  }
   // Three blocks per SM for head dim 16 (registers capped at 168), two up to 64: at three the
   // D = 32 loop spills, and on an H100 two unspilled blocks ran the backward 8-12% faster.
   // Without tile-bias code the D = 32 loop fits 168 registers (its spills lie outside the
@@ -128,28 +123,13 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   const bool has_tile = !kNoTile && plan.tile_slots != 0;
   const bool fast_tile = !kNoTile && plan.tile_fast_slot >= 0;
   const BiasFill fill = bias_fill_slice<T::kThreads>(false, tid, tid);
-  // The running dQ of this (b, n, h): rows of plan.dq_width floats in a slot of the pool the
-  // block holds while it runs. Thread 0 claims the first free slot from its SM's own
-  // (kMinBlocksPerSm per SM: as many as its registers let an SM hold, so they are free, and the
-  // slots in use stay as few as the blocks in flight, for L2); only running blocks hold slots
-  // and each frees its own at the end, so a claim always ends, whatever the SM numbering.
-  // Which slot a block gets does not change any result: its first key tile writes the slot
-  // before anything reads it.
+  // The running dQ of this (b, n, h) in a slot of the workspace pool (claim_dq_slot), unless
+  // all of it stays in shared memory.
   float* dq_accum = nullptr;
   const bool dq_in_smem = fuse_dq && plan.dq_in_smem;
   if (fuse_dq && !dq_in_smem && plan.dq_accum != nullptr) {
-    int* claimed = reinterpret_cast<int*>(sdS);  // dS^T is first stored after a barrier
-    if (tid == 0) {
-      int slot = static_cast<int>(sm_id() * T::kMinBlocksPerSm % plan.dq_slots);
-      while (atomicCAS(plan.dq_slot_busy + slot, 0, 1) != 0) {
-        slot = slot + 1 == plan.dq_slots ? 0 : slot + 1;
-        __nanosleep(64);
-      }
-      __threadfence();
-      *claimed = slot;
-    }
-    __syncthreads();
-    dq_accum = plan.dq_accum + static_cast<int64_t>(*claimed) * p.Lq * plan.dq_width;
+    // dS^T is first stored after a barrier.
+    dq_accum = claim_dq_slot<T::kMinBlocksPerSm>(p, plan, reinterpret_cast<int*>(sdS), tid);
   }
 
   // Q and dO of query tile `qt` and their row statistics (threads 0..63) into stage `s`
@@ -244,22 +224,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
         fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
       }
       if (accumulate_dq && !dq_in_smem) {  // the query tile's running dQ, needed after the scores
-        // A thread copies 4-float chunk `col` of rows r0, r0 + kRowsPerPass, ...: one 64-bit
-        // address per tile, not one per chunk. (kRowsPerPass is a multiple of 4: the rows'
-        // swizzle is the same.)
-        constexpr int kChunksPerRow = kHeadDim / 4, kRowsPerPass = 128 / kChunksPerRow;
-        static_assert(128 % kChunksPerRow == 0 && kBlockM % kRowsPerPass == 0 && kRowsPerPass % 4 == 0,
-                      "whole passes");
-        const int r0 = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 4;
-        const float* src = dq_accum + (i0 + r0) * plan.dq_width + col;
-        float* dst = sdQ + r0 * kHeadDim + T::dq_chunk(r0, col / 8) * 8 + col % 8;
-        const int pass_stride = kRowsPerPass * plan.dq_width;
-        const bool col_ok = col < plan.dq_width;
-#pragma unroll 1
-        for (int k = 0; k < kBlockM / kRowsPerPass; ++k, src += pass_stride) {
-          const bool valid = col_ok && i0 + r0 + k * kRowsPerPass < p.Lq;
-          cp_async_16(dst + k * kRowsPerPass * kHeadDim, valid ? src : dq_accum, valid);
-        }
+        copy_running_dq<kHeadDim, kBlockM>(sdQ, dq_accum, i0, p.Lq, plan, tid);
       }
       cp_async_commit();
       const bool last_kt = kt + 1 == kt_end;
@@ -381,7 +346,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
         // only it reads and writes them where all of Lq is resident.
         float* const my_dq = sdQ + ((dq_in_smem ? i0 : 0) + warp_row + g) * kHeadDim + 2 * t;
         auto dq_at = [&](int r, int d) {
-          return reinterpret_cast<float2*>(my_dq + r * 8 * kHeadDim + T::dq_chunk(g, d) * 8);
+          return reinterpret_cast<float2*>(my_dq + r * 8 * kHeadDim + dq_chunk<kDTiles>(g, d) * 8);
         };
         float acc_dq[kDTiles][4];
         for (int d = 0; d < kDTiles; ++d) {
@@ -392,18 +357,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
           acc_dq[d][2] = prev8.x;
           acc_dq[d][3] = prev8.y;
         }
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          uint32_t a[4];
-          ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * kDsStride + warp_row +
-                                   ((lane >> 3) & 1) * 8);
-          for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
-            uint32_t kb[4];
-            const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            ldmatrix_x4_trans(kb, sK + key * kRowStride + dp2 * 16 + (lane >> 4) * 8);
-            mma_16816<Element>(acc_dq[2 * dp2], a, {kb[0], kb[1]});
-            mma_16816<Element>(acc_dq[2 * dp2 + 1], a, {kb[2], kb[3]});
-          }
-        }
+        add_ds_k<Element, kBlockN, kDTiles, kDsStride, kRowStride>(acc_dq, sdS, sK, warp_row, lane);
         if (last_kt) {
           const float scale[2] = {p.scale, p.scale};
           Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n +
@@ -414,16 +368,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
           for (int r = 0; r < 2; ++r)
             for (int d = 0; d < kDTiles; ++d) *dq_at(r, d) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
         } else {
-          for (int r = 0; r < 2; ++r) {
-            const int64_t i = i0 + warp_row + g + 8 * r;
-            if (i >= p.Lq) continue;
-            float* dst = dq_accum + i * plan.dq_width + 2 * t;
-            for (int d = 0; d < kDTiles; ++d) {
-              if (d * 8 + 2 * t < plan.dq_width) {
-                *reinterpret_cast<float2*>(dst + d * 8) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
-              }
-            }
-          }
+          store_running_dq<kDTiles>(acc_dq, dq_accum, i0 + warp_row, p.Lq, plan, lane);
         }
       }
       __syncthreads();
@@ -437,14 +382,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
     store_acc_rows<Element, kDTiles>(acc_dv, dv, p.dv_stride.l, p.dv_stride.d, j0 + warp_row, p.Lk,
                                      p.D, plan.pairs_dv, lane, one);
   }
-  if (dq_accum != nullptr) {
-    // The last query step's waits and barrier finished every thread's running-dQ traffic;
-    // the fence publishes it before the slot is free.
-    if (tid == 0) {
-      __threadfence();
-      atomicExch(plan.dq_slot_busy + (dq_accum - plan.dq_accum) / (p.Lq * plan.dq_width), 0);
-    }
-  }
+  // The last query step's waits and barrier finished every thread's running-dQ traffic.
+  if (dq_accum != nullptr) release_dq_slot(p, plan, dq_accum, tid);
 }
 
 template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false>

@@ -164,25 +164,26 @@ bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
 }
 
 // The backward's launch plan: the dK/dV kernel computes dQ only where its larger shared
-// memory fits this GPU (at D = 64 it needs 97.8 KB, within the 99 KB of RTX 30/40 and L40).
+// memory fits this GPU (at D = 64 it needs 97.8 KB, within the 99 KB of RTX 30/40 and L40); the
+// 32-key-warp dK/dV kernel where the descriptors allow it (dkdv_wide_keys) and two of its
+// blocks fit an SM (H100, H200: not the 164 KB of an A100, nor RTX 30/40's 99 KB per block).
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  const int bucket = head_dim_bucket(p.D);
+  int sms = 0;
+  size_t allowed = 0;
+  const bool gpu_known = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) == cudaSuccess &&
+                         cuda::smem_per_block_limit(p.device, &allowed) == cudaSuccess && sms > 0;
+  if (plan.fuse_dq && (!gpu_known || cuda::dkdv_smem_bytes(bucket, true) > allowed)) plan.fuse_dq = false;
+  plan.dkdv_wide = gpu_known && cuda::dkdv_wide_keys(p, bucket) &&
+                   two_blocks_fit_sm(p.device, allowed, cuda::dkdv_wide_smem_bytes(plan.fuse_dq));
   if (plan.fuse_dq) {
     // Running-dQ slots: one per block the GPU holds (its registers cap an SM at
     // dkdv_blocks_per_sm), at most what the shape allows.
-    int sms = 0;
-    size_t allowed = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess ||
-        cuda::smem_per_block_limit(p.device, &allowed) != cudaSuccess ||
-        sms <= 0 || cuda::dkdv_smem_bytes(head_dim_bucket(p.D), true) > allowed) {
-      plan.fuse_dq = false;
-    } else {
-      const int bucket = head_dim_bucket(p.D);
-      plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(
-          cuda::dq_pool_rows(p),
-          int64_t{sms} * cuda::dkdv_blocks_per_sm(bucket, cuda::dkdv_no_tile(p, bucket))));
-      plan.dq_in_smem = plan.k_tiles > 1 && dq_fits_smem(p, plan, allowed);
-    }
+    const int blocks_per_sm = plan.dkdv_wide ? cuda::kWideDkdvBlocksPerSm
+                                             : cuda::dkdv_blocks_per_sm(bucket, cuda::dkdv_no_tile(p, bucket));
+    plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(cuda::dq_pool_rows(p), int64_t{sms} * blocks_per_sm));
+    plan.dq_in_smem = !plan.dkdv_wide && plan.k_tiles > 1 && dq_fits_smem(p, plan, allowed);
   }
   return plan;
 }
@@ -249,6 +250,11 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
     if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's DKDV_NO_TILE_HEAD_DIMS
       if (cuda::dkdv_no_tile(p, kHeadDim)) {
         return cuda::run_bwd_dkdv<Element, kHeadDim, true, true>(p, plan, stream);
+      }
+    }
+    if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's DKDV_WIDE_HEAD_DIMS
+      if (plan.dkdv_wide && plan.tile_fast_slot >= 0) {
+        return cuda::run_bwd_dkdv_wide<Element, kHeadDim>(p, plan, stream);
       }
     }
     return cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream);

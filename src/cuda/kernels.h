@@ -21,6 +21,9 @@ cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t str
 // The dK/dV kernel's kNoTile: compiled without tile-bias code (dkdv_no_tile).
 template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
+// The dK/dV kernel with warps of 32 keys (LaunchPlan::dkdv_wide; fast path, fast tile).
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_dkdv_wide(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream);

@@ -151,11 +151,7 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
     plan.tile_varies_b = plan.tile_varies_b || b.stride.b != 0;
     plan.tile_varies_h = plan.tile_varies_h || b.stride.h != 0;
     plan.tile_varies_k = plan.tile_varies_k || b.stride.k != 0;
-    const ScoreStrides& st = b.stride;
-    const bool fast = b.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
-                      st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0 &&
-                      reinterpret_cast<uintptr_t>(b.ptr) % 16 == 0;
-    if (fast) plan.tile_fast_slot = s;
+    if (tile_layout_fast(p, b) && reinterpret_cast<uintptr_t>(b.ptr) % 16 == 0) plan.tile_fast_slot = s;
   }
   if (num_tiles != 1) plan.tile_fast_slot = -1;
   if (plan.tile_fast_slot >= 0) plan.tile_single = p.bias[plan.tile_fast_slot];

@@ -93,6 +93,9 @@ struct LaunchPlan {
   // The running dQ of the block's whole (b, n, h) in shared memory instead of dq_accum, where
   // it fits with two blocks per SM (bwd_launch_plan): no running-dQ traffic, no slot.
   bool dq_in_smem;
+  // The dK/dV kernel with warps of 32 keys where the call takes the fast path with a fast tile
+  // (dkdv_wide_keys; bwd_launch_plan): dq_in_smem is off then.
+  bool dkdv_wide;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x dkdv_blocks_per_sm) >= 1: bwd_launch_plan
@@ -256,6 +259,45 @@ inline bool dkdv_no_tile(const FwdParams& p, int head_dim_bucket) {
   bool tile = false;
   for (const BiasParams& b : p.bias) tile = tile || b.stride.q != 0;
   return head_dim_bucket == 32 && !tile;
+}
+// The dK/dV kernel with warps of 32 keys (bwd_dkdv_wide_kernel.cuh), two blocks per SM (255
+// registers), and its shared memory (BwdWideKeyTraits): K, V of 128 keys (rows of 40
+// elements), two stages of Q and dO (64 rows), two stages of two raw 64 x 72 bias tiles, key
+// biases and two stages of row statistics; with `fused_dq` also dS^T (128 x 72 elements) and
+// the query tile's running dQ (64 x 32 floats).
+constexpr int kWideDkdvBlocksPerSm = 2;
+constexpr size_t dkdv_wide_smem_bytes(bool fused_dq) {
+  const size_t seq = size_t{kTile} * (32 + 8) * 2;
+  const size_t base = 8 * seq + 4 * size_t{kTile} * (kTile + 8) * 2 + (2 * kTile + 2 * 3 * kTile) * sizeof(float);
+  const size_t fused = size_t{2 * kTile} * (kTile + 8) * 2 + size_t{kTile} * 32 * sizeof(float);
+  return base + (fused_dq ? fused : 0);
+}
+// Whether a tile bias's layout lets the fast tile path take it (LaunchPlan::tile_fast_slot,
+// which also asks for 16-byte aligned data): 16-bit inputs, the bias in their dtype, unit key
+// stride and 16-byte rows.
+inline bool tile_layout_fast(const FwdParams& p, const BiasParams& b) {
+  const ScoreStrides& st = b.stride;
+  return b.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
+         st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0;
+}
+// Whether the fast backward may run the 32-key-warp dK/dV kernel: head-dim bucket 32, an even
+// number of key tiles or at least 7 (its 128-key blocks take key tiles in pairs: with one tile
+// a block is half empty; on an H100 it was 8% slower than the 16-key kernel at 3 key tiles, 4%
+// at 5, 6% faster at 7 and 4-12% at 2-12 even ones, PERF v22), and one bias varying along Lq whose
+// layout the fast tile path takes (the data's alignment is checked at the call). From the
+// descriptors, not the data, as the workspace query must decide it too: the running dQ then
+// stays in the workspace (LaunchPlan::dq_in_smem off). bwd_launch_plan also asks that two of
+// its blocks fit an SM.
+inline bool dkdv_wide_keys(const FwdParams& p, int head_dim_bucket) {
+  int tiles = 0;
+  bool fast = false;
+  for (const BiasParams& b : p.bias) {
+    if (b.stride.q == 0) continue;
+    ++tiles;
+    fast = tile_layout_fast(p, b);
+  }
+  const int64_t key_tiles = (p.Lk + kTile - 1) / kTile;
+  return head_dim_bucket == 32 && key_tiles > 1 && (key_tiles % 2 == 0 || key_tiles >= 7) && tiles == 1 && fast;
 }
 // Query-side (dQ / bias-gradient) blocks an SM holds (168 registers up to head dim 32).
 constexpr int rows_blocks_per_sm(int head_dim) { return head_dim <= 32 ? 3 : head_dim <= 64 ? 2 : 1; }

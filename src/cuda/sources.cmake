@@ -52,6 +52,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_dkdv_fp16_hdim32_fast.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim32_generic.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim32_fast_notile.cu
+  cuda/instantiations/bwd_dkdv_wide_fp16_hdim32.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim64_fast.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim64_generic.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim128_fast.cu
@@ -61,6 +62,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_dkdv_bf16_hdim32_fast.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim32_generic.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim32_fast_notile.cu
+  cuda/instantiations/bwd_dkdv_wide_bf16_hdim32.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim64_fast.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim64_generic.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim128_fast.cu

@@ -495,10 +495,10 @@ struct RawBiasTile {
   // 2t, + 1) for kQTiles 8-query column tiles: v[nt][e].
   template <typename Element, int kQTiles>
   __device__ __forceinline__ static void read_transposed(const uint16_t* tile, int key0, int lane,
-                                                         float (&v)[kQTiles][4]) {
+                                                         float (&v)[kQTiles][4], int query0 = 0) {
     for (int np = 0; np < kQTiles / 2; ++np) {
-      // Matrix m = lane / 8: query rows 8 (2 np + m / 2) .. + 7, keys key0 + 8 (m % 2) .. + 7.
-      const int row = (2 * np + (lane >> 4)) * 8 + (lane & 7);
+      // Matrix m = lane / 8: query rows query0 + 8 (2 np + m / 2) .. + 7, keys key0 + 8 (m % 2) .. + 7.
+      const int row = query0 + (2 * np + (lane >> 4)) * 8 + (lane & 7);
       uint32_t w[4];
       ldmatrix_x4_trans(w, tile + at(row, key0 / 8 + ((lane >> 3) & 1)));
       unpack_bias_pair<Element>(w[0], v[2 * np][0], v[2 * np][1]);

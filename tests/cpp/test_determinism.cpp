@@ -16,6 +16,8 @@ std::vector<Case> determinism_cases() {
   }
   // B N H >= 256: dQ from the dK/dV kernel, summed over key tiles in the workspace.
   cases.push_back(shape(1, 64, 4, 97, 136, 32, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
+  // Four key tiles: the dK/dV kernel with warps of 32 keys (launch_plan.h, dkdv_wide_keys).
+  cases.push_back(shape(1, 64, 4, 97, 200, 32, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
   // The same without a pair bias: the dK/dV kernel compiled without tile-bias code.
   cases.push_back(shape(1, 64, 4, 97, 136, 32, EVOATTN_BFLOAT16).biases("bn11k", "").grads(true, false));
   cases.push_back(shape(3, 2, 2, 40, 130, 24, EVOATTN_FLOAT32)
