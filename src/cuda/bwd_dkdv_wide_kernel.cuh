@@ -280,26 +280,12 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
           cp_async_wait<0>();
         }
         __syncthreads();
-        float* const my_dq = sdQ + (warp_q + g) * kHeadDim + 2 * t;
-        auto dq_at = [&](int r, int d) {
-          return reinterpret_cast<float2*>(my_dq + r * 8 * kHeadDim + dq_chunk<kDTiles>(g, d) * 8);
-        };
+        float* const my_dq = running_dq_row<kHeadDim>(sdQ, warp_q, lane);
         float acc_dq[kDTiles][4];
-        for (int d = 0; d < kDTiles; ++d) {
-          const float2 prev = accumulate_dq ? *dq_at(0, d) : make_float2(0.0f, 0.0f);
-          const float2 prev8 = accumulate_dq ? *dq_at(1, d) : make_float2(0.0f, 0.0f);
-          acc_dq[d][0] = prev.x;
-          acc_dq[d][1] = prev.y;
-          acc_dq[d][2] = prev8.x;
-          acc_dq[d][3] = prev8.y;
-        }
+        read_running_dq<kDTiles, kHeadDim>(acc_dq, my_dq, accumulate_dq, lane);
         add_ds_k<Element, kBlockN, kDTiles, kDsStride, kRowStride>(acc_dq, sdS, sK, warp_q, lane);
         if (last_kb) {
-          const float scale[2] = {p.scale, p.scale};
-          Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n +
-                        h * p.dq_stride.h;
-          store_acc_rows<Element, kDTiles>(acc_dq, dq, p.dq_stride.l, p.dq_stride.d,
-                                           i0 + warp_q, p.Lq, p.D, plan.pairs_dq, lane, scale);
+          store_dq_rows<Element, kDTiles>(acc_dq, p, plan, b, n, h, i0 + warp_q, lane);
         } else {
           store_running_dq<kDTiles>(acc_dq, dq_accum, i0 + warp_q, p.Lq, plan, lane);
         }

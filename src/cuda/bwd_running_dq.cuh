@@ -8,6 +8,7 @@
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
+#include "cuda/tile_io.cuh"
 #include "params.h"
 
 namespace evoattn::cuda {
@@ -75,6 +76,32 @@ __device__ __forceinline__ void copy_running_dq(float* sdQ, const float* dq_accu
   }
 }
 
+// This thread's running-dQ elements in shared memory: rows `row` + g (+8) of sdQ, columns
+// 8 d + 2t (+1). `my_dq` = running_dq_row(sdQ, row, lane); element pair (r, d) at
+// running_dq_at(my_dq, r, d, lane).
+template <int kHeadDim, typename Row>
+__device__ __forceinline__ float* running_dq_row(float* sdQ, Row row, int lane) {
+  return sdQ + (row + lane / 4) * kHeadDim + 2 * (lane % 4);
+}
+template <int kHeadDim>
+__device__ __forceinline__ float2* running_dq_at(float* my_dq, int r, int d, int lane) {
+  return reinterpret_cast<float2*>(my_dq + r * 8 * kHeadDim + dq_chunk<kHeadDim / 8>(lane / 4, d) * 8);
+}
+
+// acc_dq = those elements, or 0 where the sum starts (`accumulate` false).
+template <int kDTiles, int kHeadDim>
+__device__ __forceinline__ void read_running_dq(float (&acc_dq)[kDTiles][4], float* my_dq, bool accumulate,
+                                                int lane) {
+  for (int d = 0; d < kDTiles; ++d) {
+    const float2 prev = accumulate ? *running_dq_at<kHeadDim>(my_dq, 0, d, lane) : make_float2(0.0f, 0.0f);
+    const float2 prev8 = accumulate ? *running_dq_at<kHeadDim>(my_dq, 1, d, lane) : make_float2(0.0f, 0.0f);
+    acc_dq[d][0] = prev.x;
+    acc_dq[d][1] = prev.y;
+    acc_dq[d][2] = prev8.x;
+    acc_dq[d][3] = prev8.y;
+  }
+}
+
 // acc_dq (a warp's 16 query rows from `warp_q`) += dS K over kKeys keys: A is dS^T
 // ([key][query], row stride kDsStride) read transposed, B is K ([key][d], kRowStride) read
 // transposed (k = key, n = d).
@@ -110,6 +137,18 @@ __device__ __forceinline__ void store_running_dq(const float (&acc_dq)[kDTiles][
       }
     }
   }
+}
+
+// The last key tile's dQ rows `row` + g (+8) of (b, n, h): acc_dq times scale, in the output
+// dtype.
+template <typename Element, int kDTiles>
+__device__ __forceinline__ void store_dq_rows(const float (&acc_dq)[kDTiles][4], const BwdParams& p,
+                                              const LaunchPlan& plan, int64_t b, int64_t n, int64_t h, int64_t row,
+                                              int lane) {
+  const float scale[2] = {p.scale, p.scale};
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
+  store_acc_rows<Element, kDTiles>(acc_dq, dq, p.dq_stride.l, p.dq_stride.d, row, p.Lq, p.D, plan.pairs_dq, lane,
+                                   scale);
 }
 
 }  // namespace evoattn::cuda
