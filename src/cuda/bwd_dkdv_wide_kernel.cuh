@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
   const int64_t n = block % p.N, b = block / p.N;
   const int64_t stats_row = bnh * p.Lq;
 
-  // The running dQ in a slot of the workspace pool (null with one key block).
+  // The running dQ in a slot of the workspace pool (no pool with one key tile; with two, one
+  // block, the slot is claimed but not used).
   float* dq_accum = nullptr;
   if (fuse_dq && plan.dq_accum != nullptr) {
     dq_accum = claim_dq_slot<T::kMinBlocksPerSm>(p, plan, reinterpret_cast<int*>(sdS), tid);
@@ -307,15 +308,19 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
   if (dq_accum != nullptr) release_dq_slot(p, plan, dq_accum, tid);
 }
 
-// The launch: the plan must have a fast tile and (fuse_dq) the running dQ in the workspace.
+// The launch: the plan must have a fast tile and, fused over several key blocks, the running
+// dQ in the workspace. (The kernel also runs unfused, one block per 128 keys; the dispatch
+// takes it fused only, LaunchPlan::dkdv_wide.)
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_dkdv_wide(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = BwdWideKeyTraits<Element, kHeadDim>;
-  if (plan.tile_fast_slot < 0 || plan.dq_in_smem) return cudaErrorInvalidValue;
+  const int64_t k_blocks = (plan.k_tiles + T::kKeyRows - 1) / T::kKeyRows;
+  if (plan.tile_fast_slot < 0 || plan.dq_in_smem || (plan.fuse_dq && k_blocks > 1 && plan.dq_accum == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   auto kernel = bwd_dkdv_wide_kernel<Element, kHeadDim>;
   const size_t smem = plan.fuse_dq ? T::kSmemBytesFused : T::kSmemBytes;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
-  const int64_t k_blocks = (plan.k_tiles + T::kKeyRows - 1) / T::kKeyRows;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : k_blocks);
   kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
   return cudaGetLastError();

@@ -165,8 +165,9 @@ bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
 
 // The backward's launch plan: the dK/dV kernel computes dQ only where its larger shared
 // memory fits this GPU (at D = 64 it needs 97.8 KB, within the 99 KB of RTX 30/40 and L40); the
-// 32-key-warp dK/dV kernel where the descriptors allow it (dkdv_wide_keys) and two of its
-// blocks fit an SM (H100, H200: not the 164 KB of an A100, nor RTX 30/40's 99 KB per block).
+// fused dK/dV with warps of 32 keys where the descriptors allow it (dkdv_wide_keys) and two of
+// its 104 KB blocks fit an SM (H100, H200: not the 164 KB of an A100, nor RTX 30/40's 99 KB per
+// block).
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   const int bucket = head_dim_bucket(p.D);
@@ -175,8 +176,8 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
   const bool gpu_known = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) == cudaSuccess &&
                          cuda::smem_per_block_limit(p.device, &allowed) == cudaSuccess && sms > 0;
   if (plan.fuse_dq && (!gpu_known || cuda::dkdv_smem_bytes(bucket, true) > allowed)) plan.fuse_dq = false;
-  plan.dkdv_wide = gpu_known && cuda::dkdv_wide_keys(p, bucket) &&
-                   two_blocks_fit_sm(p.device, allowed, cuda::dkdv_wide_smem_bytes(plan.fuse_dq));
+  plan.dkdv_wide = plan.fuse_dq && cuda::dkdv_wide_keys(p, bucket) &&
+                   two_blocks_fit_sm(p.device, allowed, cuda::dkdv_wide_smem_bytes(true));
   if (plan.fuse_dq) {
     // Running-dQ slots: one per block the GPU holds (its registers cap an SM at
     // dkdv_blocks_per_sm), at most what the shape allows.

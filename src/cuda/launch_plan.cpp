@@ -31,8 +31,9 @@ bool pairs_storable(const void* ptr, const SeqStrides& s, int D, DType t) {
 // Whether every element offset the forward forms fits 31 bits with room to spare
 // (LaunchPlan::offsets32): the largest |offset| of each tensor, sum of |stride| (extent - 1),
 // counting the query and key dimensions a tile (64 rows) longer, as the copies' pointers run
-// that far ahead. In double: no overflow for any strides, and the 2^30 limit leaves room for
-// the rounding and for sums of two such offsets.
+// that far ahead (the dK/dV kernel with 32-key warps forms offsets up to 128 rows past Lk, never
+// dereferenced: within the room below). In double: no overflow for any strides, and the 2^30
+// limit leaves room for the rounding and for sums of two such offsets.
 // `extra`: a further [B, N, L, H, D] tensor with L = Lq (the backward's dO), or nullptr.
 bool offsets_fit_32(const FwdParams& p, const SeqStrides* extra = nullptr) {
   auto span = [](std::initializer_list<std::pair<int64_t, int64_t>> dims) {

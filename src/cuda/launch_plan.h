@@ -93,12 +93,13 @@ struct LaunchPlan {
   // The running dQ of the block's whole (b, n, h) in shared memory instead of dq_accum, where
   // it fits with two blocks per SM (bwd_launch_plan): no running-dQ traffic, no slot.
   bool dq_in_smem;
-  // The dK/dV kernel with warps of 32 keys where the call takes the fast path with a fast tile
-  // (dkdv_wide_keys; bwd_launch_plan): dq_in_smem is off then.
+  // Whether the fused dK/dV may run with warps of 32 keys (dkdv_wide_keys, from the descriptors;
+  // bwd_launch_plan): dq_in_smem is off then. The call takes it where it also has the fast path
+  // with a fast tile (16-byte aligned data); else the 16-key kernel runs, on the running-dQ pool.
   bool dkdv_wide;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
-  int32_t dq_slots;  // min(dq_pool_rows(p), SMs x dkdv_blocks_per_sm) >= 1: bwd_launch_plan
+  int32_t dq_slots;  // min(dq_pool_rows(p), SMs x blocks per SM) >= 1: bwd_launch_plan
   int* dq_slot_busy;
 };
 
@@ -260,11 +261,11 @@ inline bool dkdv_no_tile(const FwdParams& p, int head_dim_bucket) {
   for (const BiasParams& b : p.bias) tile = tile || b.stride.q != 0;
   return head_dim_bucket == 32 && !tile;
 }
-// The dK/dV kernel with warps of 32 keys (bwd_dkdv_wide_kernel.cuh), two blocks per SM (255
+// The dK/dV kernel with warps of 32 keys (bwd_dkdv_wide_kernel.cuh), two blocks per SM (253
 // registers), and its shared memory (BwdWideKeyTraits): K, V of 128 keys (rows of 40
-// elements), two stages of Q and dO (64 rows), two stages of two raw 64 x 72 bias tiles, key
-// biases and two stages of row statistics; with `fused_dq` also dS^T (128 x 72 elements) and
-// the query tile's running dQ (64 x 32 floats).
+// elements), two stages of Q and dO (64 rows), two stages of two raw bias tiles (a 64 x 72
+// allocation each, RawBiasTile), key biases and two stages of row statistics; with `fused_dq`
+// also dS^T (128 x 72 elements) and the query tile's running dQ (64 x 32 floats).
 constexpr int kWideDkdvBlocksPerSm = 2;
 constexpr size_t dkdv_wide_smem_bytes(bool fused_dq) {
   const size_t seq = size_t{kTile} * (32 + 8) * 2;
@@ -280,14 +281,16 @@ inline bool tile_layout_fast(const FwdParams& p, const BiasParams& b) {
   return b.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
          st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0;
 }
-// Whether the fast backward may run the 32-key-warp dK/dV kernel: head-dim bucket 32, an even
+// Whether the fast backward may run the 32-key-warp dK/dV kernel: D 24 or 32 (head-dim bucket
+// 32 with 16-byte rows, as the fast path needs), an even
 // number of key tiles or at least 7 (its 128-key blocks take key tiles in pairs: with one tile
 // a block is half empty; on an H100 it was 8% slower than the 16-key kernel at 3 key tiles, 4%
 // at 5, 6% faster at 7 and 4-12% at 2-12 even ones, PERF v22), and one bias varying along Lq whose
 // layout the fast tile path takes (the data's alignment is checked at the call). From the
 // descriptors, not the data, as the workspace query must decide it too: the running dQ then
-// stays in the workspace (LaunchPlan::dq_in_smem off). bwd_launch_plan also asks that two of
-// its blocks fit an SM.
+// stays in the workspace (LaunchPlan::dq_in_smem off). bwd_launch_plan also asks for fuse_dq
+// (B N H >= 256; with fewer (b, n, h) the 128-key blocks would halve an already small grid,
+// and only fused runs were measured) and that two of its blocks fit an SM.
 inline bool dkdv_wide_keys(const FwdParams& p, int head_dim_bucket) {
   int tiles = 0;
   bool fast = false;
@@ -297,7 +300,8 @@ inline bool dkdv_wide_keys(const FwdParams& p, int head_dim_bucket) {
     fast = tile_layout_fast(p, b);
   }
   const int64_t key_tiles = (p.Lk + kTile - 1) / kTile;
-  return head_dim_bucket == 32 && key_tiles > 1 && (key_tiles % 2 == 0 || key_tiles >= 7) && tiles == 1 && fast;
+  return head_dim_bucket == 32 && p.D % 8 == 0 && key_tiles > 1 && (key_tiles % 2 == 0 || key_tiles >= 7) &&
+         tiles == 1 && fast;
 }
 // Query-side (dQ / bias-gradient) blocks an SM holds (168 registers up to head dim 32).
 constexpr int rows_blocks_per_sm(int head_dim) { return head_dim <= 32 ? 3 : head_dim <= 64 ? 2 : 1; }
