@@ -92,8 +92,8 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
   const int64_t n = block % p.N, b = block / p.N;
   const int64_t stats_row = bnh * p.Lq;
 
-  // The running dQ in a slot of the workspace pool (no pool with one key tile; with two, one
-  // block, the slot is claimed but not used).
+  // The running dQ in a slot of the workspace pool (unused where the block walks one 128-key
+  // block; the dispatch takes this kernel for 4 key tiles or more).
   float* dq_accum = nullptr;
   if (fuse_dq && plan.dq_accum != nullptr) {
     dq_accum = claim_dq_slot<T::kMinBlocksPerSm>(p, plan, reinterpret_cast<int*>(sdS), tid);

@@ -282,10 +282,10 @@ inline bool tile_layout_fast(const FwdParams& p, const BiasParams& b) {
          st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0;
 }
 // Whether the fast backward may run the 32-key-warp dK/dV kernel: D 24 or 32 (head-dim bucket
-// 32 with 16-byte rows, as the fast path needs), an even
-// number of key tiles or at least 7 (its 128-key blocks take key tiles in pairs: with one tile
-// a block is half empty; on an H100 it was 8% slower than the 16-key kernel at 3 key tiles, 4%
-// at 5, 6% faster at 7 and 4-12% at 2-12 even ones, PERF v22), and one bias varying along Lq whose
+// 32 with 16-byte rows, as the fast path needs); 4, 6 or at least 7 key tiles (its 128-key
+// blocks take key tiles in pairs, so an odd count leaves half a block empty: on an H100, f+b,
+// 8% slower than the 16-key kernel at 3 key tiles, 4% at 5, 6% faster at 7, 2-12% faster at
+// 4, 6 and 12; 2 was not measured, PERF v22); and one bias varying along Lq whose
 // layout the fast tile path takes (the data's alignment is checked at the call). From the
 // descriptors, not the data, as the workspace query must decide it too: the running dQ then
 // stays in the workspace (LaunchPlan::dq_in_smem off). bwd_launch_plan also asks for fuse_dq
@@ -300,7 +300,7 @@ inline bool dkdv_wide_keys(const FwdParams& p, int head_dim_bucket) {
     fast = tile_layout_fast(p, b);
   }
   const int64_t key_tiles = (p.Lk + kTile - 1) / kTile;
-  return head_dim_bucket == 32 && p.D % 8 == 0 && key_tiles > 1 && (key_tiles % 2 == 0 || key_tiles >= 7) &&
+  return head_dim_bucket == 32 && p.D % 8 == 0 && key_tiles >= 4 && (key_tiles % 2 == 0 || key_tiles >= 7) &&
          tiles == 1 && fast;
 }
 // Query-side (dQ / bias-gradient) blocks an SM holds (168 registers up to head dim 32).
