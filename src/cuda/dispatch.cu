@@ -170,21 +170,24 @@ bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
 // block).
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
-  const int bucket = head_dim_bucket(p.D);
-  int sms = 0;
-  size_t allowed = 0;
-  const bool gpu_known = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) == cudaSuccess &&
-                         cuda::smem_per_block_limit(p.device, &allowed) == cudaSuccess && sms > 0;
-  if (plan.fuse_dq && (!gpu_known || cuda::dkdv_smem_bytes(bucket, true) > allowed)) plan.fuse_dq = false;
-  plan.dkdv_wide = plan.fuse_dq && cuda::dkdv_wide_keys(p, bucket) &&
-                   two_blocks_fit_sm(p.device, allowed, cuda::dkdv_wide_smem_bytes(true));
   if (plan.fuse_dq) {
-    // Running-dQ slots: one per block the GPU holds (its registers cap an SM at
-    // dkdv_blocks_per_sm), at most what the shape allows.
-    const int blocks_per_sm = plan.dkdv_wide ? cuda::kWideDkdvBlocksPerSm
-                                             : cuda::dkdv_blocks_per_sm(bucket, cuda::dkdv_no_tile(p, bucket));
-    plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(cuda::dq_pool_rows(p), int64_t{sms} * blocks_per_sm));
-    plan.dq_in_smem = !plan.dkdv_wide && plan.k_tiles > 1 && dq_fits_smem(p, plan, allowed);
+    const int bucket = head_dim_bucket(p.D);
+    int sms = 0;
+    size_t allowed = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess ||
+        cuda::smem_per_block_limit(p.device, &allowed) != cudaSuccess ||
+        sms <= 0 || cuda::dkdv_smem_bytes(bucket, true) > allowed) {
+      plan.fuse_dq = false;
+    } else {
+      plan.dkdv_wide = cuda::dkdv_wide_keys(p, bucket) &&
+                       two_blocks_fit_sm(p.device, allowed, cuda::dkdv_wide_smem_bytes(true));
+      // Running-dQ slots: one per block the GPU holds (its registers cap an SM at
+      // dkdv_blocks_per_sm, or kWideDkdvBlocksPerSm), at most what the shape allows.
+      const int blocks_per_sm = plan.dkdv_wide ? cuda::kWideDkdvBlocksPerSm
+                                               : cuda::dkdv_blocks_per_sm(bucket, cuda::dkdv_no_tile(p, bucket));
+      plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(cuda::dq_pool_rows(p), int64_t{sms} * blocks_per_sm));
+      plan.dq_in_smem = !plan.dkdv_wide && plan.k_tiles > 1 && dq_fits_smem(p, plan, allowed);
+    }
   }
   return plan;
 }
