@@ -39,6 +39,10 @@ DKDV_NO_TILE_HEAD_DIMS = [32]
 # at these head dims: "bwd_dkdv_wide_" files.
 DKDV_WIDE = ("cuda/bwd_dkdv_wide_kernel.cuh", "run_bwd_dkdv_wide")
 DKDV_WIDE_HEAD_DIMS = [32]
+# The pair bias's gradient in blocks of two key tiles (fast path, fast tile; pair_bias_key_pairs
+# in launch_plan.h) at these head dims: "bwd_pair_bias_" files.
+PAIR_BIAS = ("cuda/bwd_pair_bias_kernel.cuh", "run_bwd_pair_bias")
+PAIR_BIAS_HEAD_DIMS = [32]
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
@@ -82,6 +86,10 @@ def main() -> None:
                     wheader, wfn = DKDV_WIDE
                     write_instantiation(out, f"bwd_dkdv_wide_{dname}_hdim{hd}.cu", wheader,
                                         f"cudaError_t {wfn}<{dtype}, {hd}>{sig}", names)
+                if kernel == "bwd_rows" and hd in PAIR_BIAS_HEAD_DIMS:
+                    pheader, pfn = PAIR_BIAS
+                    write_instantiation(out, f"bwd_pair_bias_{dname}_hdim{hd}.cu", pheader,
+                                        f"cudaError_t {pfn}<{dtype}, {hd}>{sig}", names)
                 if kernel == "fwd" and hd in FWD_TILE_KIND_HEAD_DIMS:
                     g = FWD_GROUPS[hd][0]
                     for suffix, kind in FWD_TILE_KINDS.items():

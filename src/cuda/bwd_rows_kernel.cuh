@@ -88,13 +88,6 @@ enum class RowsJob {
                 // copies step a pointer by the n stride instead of recomputing their addresses
 };
 
-// Whether a fast-path bias-gradient task loops over n alone, under a bias tile that does not
-// change with n (the pair bias's gradient, over its n loop).
-inline bool rows_task_over_n(const RowsTask& t, const LaunchPlan& plan) {
-  return t.grad_slot >= 0 && t.loop_n && !t.loop_b && !t.loop_h && !t.loop_q && !t.loop_k &&
-         (plan.tile_slots == 0 || plan.tile_shared_over_n);
-}
-
 // kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out.
 template <typename Element, int kHeadDim, RowsJob kJob, bool kFast>
 __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBlocksPerSm)

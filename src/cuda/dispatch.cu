@@ -272,6 +272,12 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
                           : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
                                                      layout.partial_offset[slot]);
     const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, partials);
+    if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's PAIR_BIAS_HEAD_DIMS
+      if (plan.tile_fast_slot >= 0 && cuda::pair_bias_key_pairs(p, plan, task)) {
+        if (cudaError_t e = cuda::run_bwd_pair_bias<Element, kHeadDim>(p, plan, task, stream)) return e;
+        continue;
+      }
+    }
     if (cudaError_t e = cuda::run_bwd_rows<Element, kHeadDim, kFast>(p, plan, task, stream)) return e;
   }
   return cudaSuccess;

@@ -24,6 +24,11 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
 // The dK/dV kernel with warps of 32 keys (LaunchPlan::dkdv_wide; fast path, fast tile).
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_dkdv_wide(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
+// The pair bias's gradient over n in blocks of two key tiles (pair_bias_key_pairs; fast path,
+// fast tile).
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_pair_bias(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
+                              cudaStream_t stream);
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream);

@@ -225,15 +225,17 @@ int64_t chunk_budget(const BwdParams& p, const RowsTask& t) {
 // iteration count, and a partly filled last wave costs a whole one. More chunks only where they
 // save 5% (each adds partials to write and sum). The rule it replaced, ceil(1024 / blocks)
 // chunks, ran tri256's pair-bias gradient as 3 waves of 16 iterations instead of 1 wave of 43.
-// Shape-only, like the budget.
-int64_t chunk_count(const BwdParams& p, const RowsTask& t) {
+// A grid block takes two output tiles where pair_bias_key_pairs holds. Shape-only, like the
+// budget (the descriptors, not the data's alignment).
+int64_t chunk_count(const BwdParams& p, const LaunchPlan& plan, const RowsTask& t) {
   if (t.grad_slot < 0) return 1;
   const int64_t slots = kReferenceSms * rows_blocks_per_sm(p.D);
+  const int64_t blocks = pair_bias_key_pairs(p, plan, t) ? t.blocks / 2 : t.blocks;
   const int64_t most = std::min({t.iters, kMaxChunks, chunk_budget(p, t)});
   int64_t best = 1, best_cost = 0;
   for (int64_t c = 1; c <= most; ++c) {
     const int64_t iters = (t.iters + c - 1) / c;
-    const int64_t waves = (t.blocks * ((t.iters + iters - 1) / iters) + slots - 1) / slots;
+    const int64_t waves = (blocks * ((t.iters + iters - 1) / iters) + slots - 1) / slots;
     if (c == 1 || 20 * waves * iters < 19 * best_cost) {  // more chunks only for 5% or more
       best = c;
       best_cost = waves * iters;
@@ -248,7 +250,7 @@ RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slo
                         float* workspace_partials) {
   RowsTask task = base_task(p, plan, grad_slot);
   if (workspace_partials != nullptr) {
-    task.chunks = chunk_count(p, task);
+    task.chunks = chunk_count(p, plan, task);
     task.chunk_iters = (task.iters + task.chunks - 1) / task.chunks;
     task.chunks = (task.iters + task.chunk_iters - 1) / task.chunk_iters;  // no empty chunk
     if (task.chunks > 1) task.partials = workspace_partials;
@@ -258,7 +260,7 @@ RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slo
 
 size_t rows_task_partial_bytes(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
   const RowsTask task = base_task(p, plan, grad_slot);
-  const int64_t chunks = chunk_count(p, task);
+  const int64_t chunks = chunk_count(p, plan, task);
   if (chunks <= 1) return 0;
   return static_cast<size_t>(chunks * task.blocks * kTile * kTile) * sizeof(float);
 }

@@ -306,6 +306,29 @@ inline bool dkdv_wide_keys(const FwdParams& p, int head_dim_bucket) {
 // Query-side (dQ / bias-gradient) blocks an SM holds (168 registers up to head dim 32).
 constexpr int rows_blocks_per_sm(int head_dim) { return head_dim <= 32 ? 3 : head_dim <= 64 ? 2 : 1; }
 
+// Whether a bias-gradient task loops over n alone, under a bias tile that does not change with n
+// (the pair bias's gradient, over its n loop).
+inline bool rows_task_over_n(const RowsTask& t, const LaunchPlan& plan) {
+  return t.grad_slot >= 0 && t.loop_n && !t.loop_b && !t.loop_h && !t.loop_q && !t.loop_k &&
+         (plan.tile_slots == 0 || plan.tile_shared_over_n);
+}
+// Whether such a task runs in blocks of two key tiles (bwd_pair_bias_kernel.cuh): 16-bit inputs
+// with D 24 or 32 (head-dim bucket 32 with 16-byte rows), one tile bias whose layout the fast
+// tile path takes, and an even key-tile count (a pair is never half empty; odd counts were not
+// measured). From the descriptors, not the data, as chunk_count and the workspace query use it
+// too; the call also needs the fast path and an aligned tile (bwd_fast_path, tile_fast_slot).
+inline bool pair_bias_key_pairs(const FwdParams& p, const LaunchPlan& plan, const RowsTask& t) {
+  int tiles = 0;
+  bool fast = false;
+  for (const BiasParams& b : p.bias) {
+    if (b.stride.q == 0) continue;
+    ++tiles;
+    fast = tile_layout_fast(p, b);
+  }
+  return p.D > 16 && p.D <= 32 && p.D % 8 == 0 && tiles == 1 && fast && plan.k_tiles % 2 == 0 &&
+         rows_task_over_n(t, plan);
+}
+
 // `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,
                         float* workspace_partials);

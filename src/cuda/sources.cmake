@@ -71,6 +71,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_rows_fp16_hdim16_generic.cu
   cuda/instantiations/bwd_rows_fp16_hdim32_fast.cu
   cuda/instantiations/bwd_rows_fp16_hdim32_generic.cu
+  cuda/instantiations/bwd_pair_bias_fp16_hdim32.cu
   cuda/instantiations/bwd_rows_fp16_hdim64_fast.cu
   cuda/instantiations/bwd_rows_fp16_hdim64_generic.cu
   cuda/instantiations/bwd_rows_fp16_hdim128_fast.cu
@@ -79,6 +80,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_rows_bf16_hdim16_generic.cu
   cuda/instantiations/bwd_rows_bf16_hdim32_fast.cu
   cuda/instantiations/bwd_rows_bf16_hdim32_generic.cu
+  cuda/instantiations/bwd_pair_bias_bf16_hdim32.cu
   cuda/instantiations/bwd_rows_bf16_hdim64_fast.cu
   cuda/instantiations/bwd_rows_bf16_hdim64_generic.cu
   cuda/instantiations/bwd_rows_bf16_hdim128_fast.cu

@@ -467,6 +467,16 @@ struct BiasTilePrefetch {
   }
 };
 
+// A tile of rows of 32 16-bit elements (head dim 32: 64 bytes, four 16-byte chunks) stored
+// unpadded, chunk c of row r at c ^ ((r / 2) % 4): the 8 rows of one ldmatrix matrix (the same
+// chunk) fall in 8 distinct 16-byte bank groups, and a warp's cp.async of 8 whole rows fills 4
+// lines. (Rows padded to 40 elements instead cost 15 shared wavefronts per copy instruction
+// where 4 are ideal; ncu, PERF v22.)
+struct SwizzledRows32 {
+  static constexpr int kRowElems = 32;
+  __device__ static int at(int row, int chunk) { return row * kRowElems + ((chunk ^ ((row >> 1) & 3)) << 3); }
+};
+
 // The fast tile's raw [64 x 64] bias (input dtype, natural units) staged in shared memory by
 // cp.async: no float conversion pass, no registers across the tile, and ldmatrix reads an 8x8
 // block of it per matrix instead of an element (or a pair) per LDS. Rows of 64 elements (128

@@ -1,0 +1,286 @@
+// Backward, the pair bias's gradient over n, with 128 keys a block: the head-dim-32 fast path
+// with a fast bias tile (pair_bias_key_pairs in launch_plan.h). The job of bwd_rows_kernel's
+// RowsJob::kBiasOverN (see there): block (b, h, query tile, two key tiles) walks n, and for
+// every n recomputes S = Q K^T, dP = dO V^T, P and dS = P (dP - Delta), summed in registers.
+//
+// Why: that pass copies Q, dO, K and V of every n from L2 for each 64 x 64 tile, and at the
+// H100's own clocks it ran at 79% of L2 throughput (ncu, PERF v23). Here two key tiles share
+// one copy of Q and dO: 3 bytes of copies per score instead of 4, and half the barriers per
+// score. Each warp takes 16 queries x 128 keys (64 accumulators) in four passes of 32 keys.
+// Q, dO, K and V are stored unpadded with XOR-swizzled chunks (SwizzledRows32) and the bias
+// raw (RawBiasTile, read by ldmatrix), so three blocks of 66 KB fit an SM.
+// Deterministic: every n in a fixed order, chunks summed in order by bias_grad_reduce_kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "cuda/bwd_rows_kernel.cuh"
+#include "cuda/element.cuh"
+#include "cuda/launch_plan.h"
+#include "cuda/ptx.cuh"
+#include "cuda/smem_budget.h"
+#include "cuda/tile_io.cuh"
+#include "params.h"
+
+namespace evoattn::cuda {
+
+template <typename Element, int kHeadDim>
+struct PairBiasTraits {
+  static constexpr int kBlockM = kTile, kBlockN = 2 * kTile, kThreads = 128;
+  static constexpr int kKeyPass = 16;  // keys of one S / dP pass of a warp
+  static constexpr int kQueryElems = kBlockM * kHeadDim, kKeyElems = kBlockN * kHeadDim;
+  static constexpr int kStageElems = 2 * kQueryElems + 2 * kKeyElems;  // Q, dO, K, V
+  static constexpr int kRawElems = 2 * kTile * kTile;                   // two raw bias tiles
+  // Two stages of Q, dO, K, V and of the row statistics; the raw bias tiles; key biases.
+  static constexpr size_t kSmemBytes = 2 * kStageElems * sizeof(Element) + kRawElems * sizeof(uint16_t) +
+                                       (2 * 3 * kBlockM + kBlockN) * sizeof(float);
+  static_assert(kHeadDim == 32 && sizeof(Element) == 2, "instantiated for the 16-bit head-dim-32 bucket");
+  static_assert(kSmemBytes * rows_blocks_per_sm(kHeadDim) <= 227 * 1024, "three blocks per SM on sm_90");
+};
+
+// The thread's chunks (rows tid / 4 + 32 k, chunk tid % 4) of a [kRows x 32] tile of one
+// (b, h) for consecutive n, as SeqTileNWalk: a 32-bit offset stepped by the n stride.
+template <typename Element, int kRows>
+struct SwizzledNWalk {
+  static constexpr int kPasses = kRows / 32;
+  int next;  // the thread's chunk of pass 0 in the next n, from the base (inside the tensor)
+  int left;  // rows from the thread's first row to the end (0 past D)
+
+  __device__ __forceinline__ SwizzledNWalk(const SeqStrides& s, int b, int n0, int h, int row0,
+                                           int num_rows, int D, int tid) {
+    const int row = tid / 4, d = (tid % 4) * 8;
+    left = d < D ? num_rows - row0 - row : 0;
+    next = bnh_offset(s, b, n0, h) + (left > 0 ? (row0 + row) * static_cast<int>(s.l) + d : 0);
+  }
+
+  __device__ __forceinline__ void copy_next(Element* tile, int row_stride, int n_stride,
+                                           const Element* base, int tid) {
+    const int dst = SwizzledRows32::at(tid / 4, tid % 4);  // + 32 rows a pass: same swizzle
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const bool valid = 32 * k < left;
+      cp_async_16(tile + dst + 32 * k * SwizzledRows32::kRowElems,
+                  base + (valid ? next + 32 * k * row_stride : 0), valid);
+    }
+    next += n_stride;
+  }
+};
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
+    bwd_pair_bias_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
+                         const __grid_constant__ RowsTask task) {
+  using T = PairBiasTraits<Element, kHeadDim>;
+  using Rows = SwizzledRows32;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
+  constexpr int kKSteps = kHeadDim / 16;
+  constexpr int kPassTiles = T::kKeyPass / 8, kPasses = kBlockN / T::kKeyPass;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Element* sSeq = reinterpret_cast<Element*>(smem_raw);  // [2 stages][Q | dO | K | V]
+  uint16_t* sRaw = reinterpret_cast<uint16_t*>(sSeq + 2 * T::kStageElems);  // [2 key tiles]
+  float* sStats = reinterpret_cast<float*>(sRaw + T::kRawElems);  // [2][Delta, max, log-sum][kBlockM]
+  float* sKey = sStats + 2 * 3 * kBlockM;                          // [kBlockN]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
+  // Grid: (key-tile pair, chunk), chunk fastest. The pair's first tile in task.blocks order
+  // (rows_coord: key tile fastest).
+  const int64_t k_pairs = (plan.k_tiles + 1) / 2;
+  const int64_t pair = blockIdx.x / task.chunks, chunk = blockIdx.x % task.chunks;
+  const int64_t first_block = pair / k_pairs * plan.k_tiles + pair % k_pairs * 2;
+  const int64_t it_begin = chunk * task.chunk_iters;
+  const int64_t it_end = it_begin + task.chunk_iters < task.iters ? it_begin + task.chunk_iters : task.iters;
+  const TileCoord c0 = rows_coord(task, p, plan, first_block, it_begin);
+  // 32-bit (bwd_fast_path: LaunchPlan::offsets32).
+  const int b = static_cast<int>(c0.b), h = static_cast<int>(c0.h), n0 = static_cast<int>(c0.n);
+  const int i_first = static_cast<int>(c0.qt) * kBlockM, j_first = static_cast<int>(c0.kt) * kTile;
+  const int lq = static_cast<int>(p.Lq), lk = static_cast<int>(p.Lk);
+
+  SwizzledNWalk<Element, kBlockM> q_walk(p.q_stride, b, n0, h, i_first, lq, p.D, tid);
+  SwizzledNWalk<Element, kBlockM> do_walk(p.do_stride, b, n0, h, i_first, lq, p.D, tid);
+  SwizzledNWalk<Element, kBlockN> k_walk(p.k_stride, b, n0, h, j_first, lk, p.D, tid);
+  SwizzledNWalk<Element, kBlockN> v_walk(p.v_stride, b, n0, h, j_first, lk, p.D, tid);
+  // Row statistics: threads 0..63 one row each; zero past Lq, where the reader takes
+  // row_max = +inf, so P = 0.
+  const bool stats_row = tid < kBlockM && i_first + tid < lq;
+  const int64_t stats_rows = num_rows(p);
+  const float* stats_src = static_cast<const float*>(p.workspace) +
+                           (stats_row ? ((c0.b * p.N + c0.n) * p.H + c0.h) * p.Lq + i_first + tid : 0);
+  const int64_t stats_step = stats_row ? p.H * p.Lq : 0;
+  auto load_stage = [&](int s) {
+    Element* st = sSeq + s * T::kStageElems;
+    q_walk.copy_next(st, static_cast<int>(p.q_stride.l), static_cast<int>(p.q_stride.n),
+                     static_cast<const Element*>(p.q), tid);
+    do_walk.copy_next(st + T::kQueryElems, static_cast<int>(p.do_stride.l), static_cast<int>(p.do_stride.n),
+                      static_cast<const Element*>(p.d_o), tid);
+    k_walk.copy_next(st + 2 * T::kQueryElems, static_cast<int>(p.k_stride.l), static_cast<int>(p.k_stride.n),
+                     static_cast<const Element*>(p.k), tid);
+    v_walk.copy_next(st + 2 * T::kQueryElems + T::kKeyElems, static_cast<int>(p.v_stride.l),
+                     static_cast<int>(p.v_stride.n), static_cast<const Element*>(p.v), tid);
+    if (tid < kBlockM) {
+      float* dst = sStats + s * 3 * kBlockM + tid;
+      cp_async_4(dst, stats_src, stats_row);
+      cp_async_4(dst + kBlockM, stats_src + (stats_row ? stats_rows : 0), stats_row);
+      cp_async_4(dst + 2 * kBlockM, stats_src + (stats_row ? 2 * stats_rows : 0), stats_row);
+      stats_src += stats_step;
+    }
+  };
+
+  load_stage(0);
+  // The bias tiles are the same for every n (rows_task_over_n): copied once. A second tile
+  // past Lk is zero-filled.
+  for (int r = 0; r < 2; ++r) {
+    RawBiasTileStream<int32_t> copy;
+    copy.start(p, plan, tid, b, n0, h, i_first, j_first + r * kTile);
+    copy.copy_next(sRaw + r * kTile * kTile, plan, tid);
+  }
+  cp_async_commit();
+  // kBlockN == kThreads: one key each (-inf past Lk, so P = 0 there).
+  KeyBiasPrefetch key_bias;
+  key_bias.start(p, plan, b, n0, h);
+  key_bias.load<true>(p, plan, b, n0, h, j_first + tid);
+
+  float acc[kBlockN / 8][4];
+  for (int nt = 0; nt < kBlockN / 8; ++nt)
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+
+  int stage = 0;
+  int n = n0;
+  for (int64_t it = it_begin; it < it_end; ++it, ++n) {
+    sKey[tid] = key_bias.value_log2<true>(p, plan);
+    if (it + 1 < it_end) {
+      load_stage(stage ^ 1);
+      cp_async_commit();
+      key_bias.start(p, plan, b, n + 1, h);
+      key_bias.load<true>(p, plan, b, n + 1, h, j_first + tid);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    // This thread's rows g, g + 8 of the tile.
+    float row_max[2], row_log_sum[2], dlt[2];
+    {
+      const float* stats = sStats + stage * 3 * kBlockM;
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp_row + g + 8 * r;
+        dlt[r] = stats[row];
+        row_max[r] = i_first + row < lq ? stats[kBlockM + row] : -neg_inf();
+        row_log_sum[r] = stats[2 * kBlockM + row];
+      }
+    }
+    // A recomputed row (row_log_sum != 0, backend.h) needs the two-step exponent below.
+    const bool exact_rows = __any_sync(0xffffffffu, row_log_sum[0] != 0.0f || row_log_sum[1] != 0.0f);
+
+    const Element* Qs = sSeq + stage * T::kStageElems;
+    const Element* dOs = Qs + T::kQueryElems;
+    const Element* Ks = dOs + T::kQueryElems;
+    const Element* Vs = Ks + T::kKeyElems;
+    uint32_t q_frag[kKSteps][4], do_frag[kKSteps][4];
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const int off = Rows::at(warp_row + lane % 16, 2 * kk + lane / 16);
+      ldmatrix_x4(q_frag[kk], Qs + off);
+      ldmatrix_x4(do_frag[kk], dOs + off);
+    }
+
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      // S and dP of keys [key0, + kKeyPass); dP's accumulators start at -Delta of their rows, so
+      // they end as dP - Delta and dS goes into the bias accumulator by one FFMA.
+      float s[kPassTiles][4], dp[kPassTiles][4];
+      for (int nt = 0; nt < kPassTiles; ++nt) {
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = 0.0f;
+          dp[nt][e] = -dlt[e / 2];
+        }
+      }
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        for (int np = 0; np < kPassTiles / 2; ++np) {
+          const int key = pass * T::kKeyPass + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int off = Rows::at(key, 2 * kk + ((lane >> 3) & 1));
+          uint32_t kb[4], vb[4];
+          ldmatrix_x4(kb, Ks + off);
+          ldmatrix_x4(vb, Vs + off);
+          mma_16816<Element>(s[2 * np], q_frag[kk], {kb[0], kb[1]});
+          mma_16816<Element>(s[2 * np + 1], q_frag[kk], {kb[2], kb[3]});
+          mma_16816<Element>(dp[2 * np], do_frag[kk], {vb[0], vb[1]});
+          mma_16816<Element>(dp[2 * np + 1], do_frag[kk], {vb[2], vb[3]});
+        }
+      }
+      // The pass's bias: its raw tile, and its first 8-key column tile in it.
+      float tb[kPassTiles][4];
+      const int key0 = pass * T::kKeyPass;
+      const uint16_t* raw = sRaw + key0 / kTile * kTile * kTile;
+      for (int nt = 0; nt < kPassTiles; nt += 2) {
+        RawBiasTile::read_rows<Element>(raw, warp_row, key0 % kTile / 8 + nt, lane, tb[nt], tb[nt + 1]);
+      }
+      // Without recomputed rows in the warp, row_log_sum is 0: x - row_max alone is the same
+      // value (one instruction per score less).
+      auto gradients = [&](auto exact) {
+#pragma unroll
+        for (int nt = 0; nt < kPassTiles; ++nt) {
+          const int nt_block = pass * kPassTiles + nt;
+          const float2 kbias = *reinterpret_cast<const float2*>(sKey + nt_block * 8 + 2 * t);
+          for (int r = 0; r < 2; ++r) {
+            const float x0 = score_log2(s[nt][2 * r], p.scale_log2, kbias.x, tb[nt][2 * r]);
+            const float x1 = score_log2(s[nt][2 * r + 1], p.scale_log2, kbias.y, tb[nt][2 * r + 1]);
+            const float p0 = exp2_approx(decltype(exact)::value ? (x0 - row_max[r]) - row_log_sum[r] : x0 - row_max[r]);
+            const float p1 = exp2_approx(decltype(exact)::value ? (x1 - row_max[r]) - row_log_sum[r] : x1 - row_max[r]);
+            acc[nt_block][2 * r] = fmaf(p0, dp[nt][2 * r], acc[nt_block][2 * r]);
+            acc[nt_block][2 * r + 1] = fmaf(p1, dp[nt][2 * r + 1], acc[nt_block][2 * r + 1]);
+          }
+        }
+      };
+      if (exact_rows) {
+        gradients(std::true_type{});
+      } else {
+        gradients(std::false_type{});
+      }
+    }
+    __syncthreads();
+    stage ^= 1;
+  }
+
+  // Element (r, c) of the pair's two output tiles: to the gradient, or to this chunk's partial
+  // tiles (as bwd_rows_kernel: [chunk][task.blocks][64 x 64]).
+  const BiasGradParams& gp = p.dbias[task.grad_slot];
+  const TileCoord out = rows_coord(task, p, plan, first_block, 0);
+  const int64_t base = out.b * gp.stride.b + out.n * gp.stride.n + out.h * gp.stride.h;
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = warp_row + g + 8 * (e / 2), c = nt * 8 + 2 * t + (e % 2);
+      if (i_first + r >= lq || j_first + c >= lk) continue;
+      if (task.partials != nullptr) {
+        task.partials[((chunk * task.blocks + first_block + c / kTile) * kTile + r) * kTile + c % kTile] = acc[nt][e];
+      } else {
+        store_any(gp.ptr, gp.dtype, base + (i_first + r) * gp.stride.q + (j_first + c) * gp.stride.k, acc[nt][e]);
+      }
+    }
+  }
+}
+
+// The launch, then (chunked) the chunks' sum. The dispatch takes it where
+// pair_bias_key_pairs holds.
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_pair_bias(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
+                              cudaStream_t stream) {
+  using T = PairBiasTraits<Element, kHeadDim>;
+  if (plan.tile_fast_slot < 0 || !rows_task_over_n(task, plan) || plan.k_tiles % 2 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  auto kernel = bwd_pair_bias_kernel<Element, kHeadDim>;
+  if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
+  const int64_t pairs = task.blocks / plan.k_tiles * ((plan.k_tiles + 1) / 2);
+  kernel<<<static_cast<unsigned>(pairs * task.chunks), T::kThreads, T::kSmemBytes, stream>>>(p, plan, task);
+  if (task.partials == nullptr) return cudaGetLastError();
+  const int64_t elements = task.blocks * kTile * kTile;
+  bias_grad_reduce_kernel<<<static_cast<unsigned>((elements + 255) / 256), 256, 0, stream>>>(p, plan, task);
+  return cudaGetLastError();
+}
+
+}  // namespace evoattn::cuda
