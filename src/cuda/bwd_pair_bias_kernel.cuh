@@ -32,9 +32,9 @@ struct PairBiasTraits {
   static constexpr int kQueryElems = kBlockM * kHeadDim, kKeyElems = kBlockN * kHeadDim;
   static constexpr int kStageElems = 2 * kQueryElems + 2 * kKeyElems;  // Q, dO, K, V
   static constexpr int kRawElems = 2 * kTile * kTile;                   // two raw bias tiles
-  // Two stages of Q, dO, K, V and of the row statistics; the raw bias tiles; key biases.
+  // Two stages of Q, dO, K, V, of the row statistics and of the key biases; the raw bias tiles.
   static constexpr size_t kSmemBytes = 2 * kStageElems * sizeof(Element) + kRawElems * sizeof(uint16_t) +
-                                       (2 * 3 * kBlockM + kBlockN) * sizeof(float);
+                                       (2 * 3 * kBlockM + 2 * kBlockN) * sizeof(float);
   static_assert(kHeadDim == 32 && sizeof(Element) == 2, "instantiated for the 16-bit head-dim-32 bucket");
   static_assert(kSmemBytes * rows_blocks_per_sm(kHeadDim) <= 227 * 1024, "three blocks per SM on sm_90");
 };
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
   Element* sSeq = reinterpret_cast<Element*>(smem_raw);  // [2 stages][Q | dO | K | V]
   uint16_t* sRaw = reinterpret_cast<uint16_t*>(sSeq + 2 * T::kStageElems);  // [2 key tiles]
   float* sStats = reinterpret_cast<float*>(sRaw + T::kRawElems);  // [2][Delta, max, log-sum][kBlockM]
-  float* sKey = sStats + 2 * 3 * kBlockM;                          // [kBlockN]
+  float* sKey = sStats + 2 * 3 * kBlockM;                          // [2][kBlockN]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
@@ -149,17 +149,18 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
   int stage = 0;
   int n = n0;
   for (int64_t it = it_begin; it < it_end; ++it, ++n) {
-    sKey[tid] = key_bias.value_log2<true>(p, plan);
+    // One barrier per n: it publishes this n's stage and tells that every warp has finished
+    // the previous n, whose stage the copies of the next n, issued after it, overwrite.
+    float* keys = sKey + stage * kBlockN;
+    keys[tid] = key_bias.value_log2<true>(p, plan);
+    cp_async_wait<0>();
+    __syncthreads();
     if (it + 1 < it_end) {
       load_stage(stage ^ 1);
       cp_async_commit();
       key_bias.start(p, plan, b, n + 1, h);
       key_bias.load<true>(p, plan, b, n + 1, h, j_first + tid);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    __syncthreads();
 
     // This thread's rows g, g + 8 of the tile.
     float row_max[2], row_log_sum[2], dlt[2];
@@ -223,7 +224,7 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
 #pragma unroll
         for (int nt = 0; nt < kPassTiles; ++nt) {
           const int nt_block = pass * kPassTiles + nt;
-          const float2 kbias = *reinterpret_cast<const float2*>(sKey + nt_block * 8 + 2 * t);
+          const float2 kbias = *reinterpret_cast<const float2*>(keys + nt_block * 8 + 2 * t);
           for (int r = 0; r < 2; ++r) {
             const float x0 = score_log2(s[nt][2 * r], p.scale_log2, kbias.x, tb[nt][2 * r]);
             const float x1 = score_log2(s[nt][2 * r + 1], p.scale_log2, kbias.y, tb[nt][2 * r + 1]);
@@ -240,7 +241,6 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
         gradients(std::false_type{});
       }
     }
-    __syncthreads();
     stage ^= 1;
   }
 
