@@ -140,6 +140,8 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
   int walk = 0;
   for (int kb = kb_first; kb < kb_end; ++kb) {
     const int64_t j0 = static_cast<int64_t>(kb) * kBlockN;
+    // Every warp is done with the previous block's K (dQ += dS K) and key biases.
+    if (kb > kb_first) __syncthreads();
     {
       const int lk = static_cast<int>(p.Lk);
       copy_seq_tile32<Element, kBlockN, kHeadDim, 128>(sK, static_cast<const Element*>(p.k), bnh32(p.k_stride),
@@ -166,6 +168,11 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
       const int stage = walk & 1;
       const int qt = reverse ? plan.q_tiles - 1 - step : step;
       const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
+      // One barrier publishes this step's query tile (and at step 0 the key block's K and V)
+      // and tells that every warp has finished the previous step, whose stage, dS^T and
+      // running dQ the copies issued after it overwrite.
+      cp_async_wait<0>();
+      __syncthreads();
       if (accumulate_dq) copy_running_dq<kHeadDim, kBlockM>(sdQ, dq_accum, i0, p.Lq, plan, tid);
       cp_async_commit();
       const bool last_kb = kb + 1 == kb_end;
@@ -176,11 +183,7 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
         load_query_tile(next_qt, stage ^ 1);
         load_raw_tiles(next_qt, last_step ? kb + 1 : kb, stage ^ 1);
         cp_async_commit();
-        cp_async_wait<2>();
-      } else {
-        cp_async_wait<1>();
       }
-      __syncthreads();
 
       const Element* Qs = sQ + stage * T::kQueryElems;
       const Element* dOs = sdO + stage * T::kQueryElems;
@@ -291,7 +294,6 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
           store_running_dq<kDTiles>(acc_dq, dq_accum, i0 + warp_q, p.Lq, plan, lane);
         }
       }
-      __syncthreads();
     }
 
     const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
@@ -305,7 +307,10 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
                                        p.Lk, p.D, plan.pairs_dv, lane, one);
     }
   }
-  if (dq_accum != nullptr) release_dq_slot(p, plan, dq_accum, tid);
+  if (dq_accum != nullptr) {
+    __syncthreads();  // every warp's running-dQ copies and stores are done
+    release_dq_slot(p, plan, dq_accum, tid);
+  }
 }
 
 // The launch: the plan must have a fast tile and, fused over several key blocks, the running
