@@ -6,7 +6,7 @@
 // issue 37%), and each of its warps reads every Q and dO fragment, in two layouts, for 16 keys.
 // Here each Q and dO fragment feeds two key rows, and Q, dO, their statistics and the running
 // dQ are copied once per 128 keys. The query tile is taken in two parts of 32 queries so S^T and
-// dP^T still take 64 registers (253, no spills). ~104 KB of shared memory: two blocks per SM on
+// dP^T still take 64 registers (248, no spills). ~104 KB of shared memory: two blocks per SM on
 // an H100; the running dQ stays in the workspace (LaunchPlan::dq_in_smem is off).
 // 32-bit offsets (bwd_fast_path); fuse_dq or one block per 128 keys.
 #pragma once

@@ -261,7 +261,7 @@ inline bool dkdv_no_tile(const FwdParams& p, int head_dim_bucket) {
   for (const BiasParams& b : p.bias) tile = tile || b.stride.q != 0;
   return head_dim_bucket == 32 && !tile;
 }
-// The dK/dV kernel with warps of 32 keys (bwd_dkdv_wide_kernel.cuh), two blocks per SM (253
+// The dK/dV kernel with warps of 32 keys (bwd_dkdv_wide_kernel.cuh), two blocks per SM (248
 // registers), and its shared memory (BwdWideKeyTraits): K, V of 128 keys (rows of 40
 // elements), two stages of Q and dO (64 rows), two stages of two raw bias tiles (a 64 x 72
 // allocation each, RawBiasTile), key biases and two stages of row statistics; with `fused_dq`
