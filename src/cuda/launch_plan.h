@@ -281,6 +281,18 @@ inline bool tile_layout_fast(const FwdParams& p, const BiasParams& b) {
   return b.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
          st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0;
 }
+// Whether the call has exactly one bias varying along Lq, with a layout tile_layout_fast takes
+// (from the descriptors; the data's alignment is checked at the call).
+inline bool one_fast_layout_tile(const FwdParams& p) {
+  int tiles = 0;
+  bool fast = false;
+  for (const BiasParams& b : p.bias) {
+    if (b.stride.q == 0) continue;
+    ++tiles;
+    fast = tile_layout_fast(p, b);
+  }
+  return tiles == 1 && fast;
+}
 // Whether the fast backward may run the 32-key-warp dK/dV kernel: D 24 or 32 (head-dim bucket
 // 32 with 16-byte rows, as the fast path needs); 4, 6 or at least 7 key tiles (its 128-key
 // blocks take key tiles in pairs, so an odd count leaves half a block empty: on an H100, f+b,
@@ -292,16 +304,9 @@ inline bool tile_layout_fast(const FwdParams& p, const BiasParams& b) {
 // (B N H >= 256; with fewer (b, n, h) the 128-key blocks would halve an already small grid,
 // and only fused runs were measured) and that two of its blocks fit an SM.
 inline bool dkdv_wide_keys(const FwdParams& p, int head_dim_bucket) {
-  int tiles = 0;
-  bool fast = false;
-  for (const BiasParams& b : p.bias) {
-    if (b.stride.q == 0) continue;
-    ++tiles;
-    fast = tile_layout_fast(p, b);
-  }
   const int64_t key_tiles = (p.Lk + kTile - 1) / kTile;
   return head_dim_bucket == 32 && p.D % 8 == 0 && key_tiles >= 4 && (key_tiles % 2 == 0 || key_tiles >= 7) &&
-         tiles == 1 && fast;
+         one_fast_layout_tile(p);
 }
 // Query-side (dQ / bias-gradient) blocks an SM holds (168 registers up to head dim 32).
 constexpr int rows_blocks_per_sm(int head_dim) { return head_dim <= 32 ? 3 : head_dim <= 64 ? 2 : 1; }
@@ -318,14 +323,7 @@ inline bool rows_task_over_n(const RowsTask& t, const LaunchPlan& plan) {
 // measured). From the descriptors, not the data, as chunk_count and the workspace query use it
 // too; the call also needs the fast path and an aligned tile (bwd_fast_path, tile_fast_slot).
 inline bool pair_bias_key_pairs(const FwdParams& p, const LaunchPlan& plan, const RowsTask& t) {
-  int tiles = 0;
-  bool fast = false;
-  for (const BiasParams& b : p.bias) {
-    if (b.stride.q == 0) continue;
-    ++tiles;
-    fast = tile_layout_fast(p, b);
-  }
-  return p.D > 16 && p.D <= 32 && p.D % 8 == 0 && tiles == 1 && fast && plan.k_tiles % 2 == 0 &&
+  return p.D > 16 && p.D <= 32 && p.D % 8 == 0 && one_fast_layout_tile(p) && plan.k_tiles % 2 == 0 &&
          rows_task_over_n(t, plan);
 }
 
