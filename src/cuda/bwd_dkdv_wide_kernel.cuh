@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
   int walk = 0;
   for (int kb = kb_first; kb < kb_end; ++kb) {
     const int64_t j0 = static_cast<int64_t>(kb) * kBlockN;
-    // Every warp is done with the previous block's K (dQ += dS K) and key biases.
+    // Every warp is done with the previous block's K (dQ += dS K), V and key biases.
     if (kb > kb_first) __syncthreads();
     {
       const int lk = static_cast<int>(p.Lk);
@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
       const int qt = reverse ? plan.q_tiles - 1 - step : step;
       const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
       // One barrier publishes this step's query tile (and at step 0 the key block's K and V)
-      // and tells that every warp has finished the previous step, whose stage, dS^T and
-      // running dQ the copies issued after it overwrite.
+      // and tells that every warp has finished the previous step: its stage and running dQ,
+      // which the copies issued after it overwrite, and its dS^T, which this step's parts do.
       cp_async_wait<0>();
       __syncthreads();
       if (accumulate_dq) copy_running_dq<kHeadDim, kBlockM>(sdQ, dq_accum, i0, p.Lq, plan, tid);

@@ -6,7 +6,7 @@
 // Why: that pass copies Q, dO, K and V of every n from L2 for each 64 x 64 tile, and at the
 // H100's own clocks it ran at 79% of L2 throughput (ncu, PERF v23). Here two key tiles share
 // one copy of Q and dO: 3 bytes of copies per score instead of 4, and half the barriers per
-// score. Each warp takes 16 queries x 128 keys (64 accumulators) in four passes of 32 keys.
+// score. Each warp takes 16 queries x 128 keys (64 accumulators) in eight passes of 16 keys.
 // Q, dO, K and V are stored unpadded with XOR-swizzled chunks (SwizzledRows32) and the bias
 // raw (RawBiasTile, read by ldmatrix), so three blocks of 66 KB fit an SM.
 // Deterministic: every n in a fixed order, chunks summed in order by bias_grad_reduce_kernel.
@@ -129,8 +129,8 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
   };
 
   load_stage(0);
-  // The bias tiles are the same for every n (rows_task_over_n): copied once. A second tile
-  // past Lk is zero-filled.
+  // The bias tiles are the same for every n (rows_task_over_n): copied once; columns past Lk
+  // zero-filled.
   for (int r = 0; r < 2; ++r) {
     RawBiasTileStream<int32_t> copy;
     copy.start(p, plan, tid, b, n0, h, i_first, j_first + r * kTile);

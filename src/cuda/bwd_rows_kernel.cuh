@@ -6,8 +6,9 @@
 //           then rows / columns of acc summed where the bias is 1 wide. Over n alone (the
 //           pair bias, RowsJob::kBiasOverN) the copies step pointers by the n stride, the bias
 //           tile is converted once, and Q / dO fragments are read per k-step (registers).
-//           (At D = 24 / 32 on the fast path, that job runs in blocks of two key tiles:
-//           bwd_pair_bias_kernel.cuh, pair_bias_key_pairs.)
+//           (At D = 24 / 32 on the fast path with one fast tile and an even key-tile count,
+//           that job runs in blocks of two key tiles: bwd_pair_bias_kernel.cuh,
+//           pair_bias_key_pairs.)
 //   per (q-tile, k-tile): S = Q K^T, dP = dO V^T (per warp 16 queries x 64 keys)
 //                         P = 2^(S scale log2 e + bias log2 e - row_max - row_log_sum),
 //                         dS = P (dP - Delta)                  (row statistics: row_stats_kernel)
