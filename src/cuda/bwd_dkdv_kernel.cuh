@@ -154,21 +154,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_q, tid);
       do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_do, tid);
     }
-    if (tid < kBlockM) {
-      const int64_t i = i0 + tid;
-      float* dst = sStats + s * 3 * kBlockM + tid;
-      if (i < p.Lq) {
-        const float* delta = static_cast<const float*>(p.workspace) + stats_row + i;
-        const int64_t rows = num_rows(p);
-        cp_async_4(dst, delta, true);
-        cp_async_4(dst + kBlockM, delta + rows, true);
-        cp_async_4(dst + 2 * kBlockM, delta + 2 * rows, true);
-      } else {
-        dst[0] = 0.0f;
-        dst[kBlockM] = -neg_inf();
-        dst[2 * kBlockM] = 0.0f;
-      }
-    }
+    copy_row_stats<kBlockM>(sStats, s, p, stats_row, i0, tid);
   };
   // The raw bias tile (query tile qt, key tile kt) into stage `s` (fast_tile; cp.async).
   auto load_raw_tile = [&](int qt, int kt, int s) {

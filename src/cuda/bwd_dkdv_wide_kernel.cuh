@@ -108,21 +108,7 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
         bnh32(p.q_stride), row0, lq, static_cast<int>(p.q_stride.l), p.D, tid);
     copy_seq_tile32<Element, kBlockM, kHeadDim, 128>(sdO + s * T::kQueryElems, static_cast<const Element*>(p.d_o),
         bnh32(p.do_stride), row0, lq, static_cast<int>(p.do_stride.l), p.D, tid);
-    if (tid < kBlockM) {
-      const int64_t i = static_cast<int64_t>(row0) + tid;
-      float* dst = sStats + s * 3 * kBlockM + tid;
-      if (i < p.Lq) {
-        const float* delta = static_cast<const float*>(p.workspace) + stats_row + i;
-        const int64_t rows = num_rows(p);
-        cp_async_4(dst, delta, true);
-        cp_async_4(dst + kBlockM, delta + rows, true);
-        cp_async_4(dst + 2 * kBlockM, delta + 2 * rows, true);
-      } else {
-        dst[0] = 0.0f;
-        dst[kBlockM] = -neg_inf();
-        dst[2 * kBlockM] = 0.0f;
-      }
-    }
+    copy_row_stats<kBlockM>(sStats, s, p, stats_row, row0, tid);
   };
   // The two 64 x 64 raw bias tiles of (query tile qt, key block kb) into stage `s`.
   auto load_raw_tiles = [&](int qt, int kb, int s) {

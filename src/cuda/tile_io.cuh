@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend.h"
 #include "cuda/element.cuh"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
@@ -466,6 +467,31 @@ struct BiasTilePrefetch {
     }
   }
 };
+
+// The row statistics (Delta, row max, row log-sum: the workspace's three arrays of num_rows)
+// of query rows [i0, i0 + kRows) from row `stats_row` of their (b, n, h) into stage `s` of
+// `stats` ([stage][Delta | max | log-sum][kRows]), threads 0 .. kRows - 1 one row each, by cp.async (the
+// caller commits). Rows past Lq are stored directly as (0, +inf, 0), so P = 0 there: the dK/dV
+// kernels read a stage only after the barrier that waits for its copies.
+template <int kRows>
+__device__ __forceinline__ void copy_row_stats(float* stats, int s, const BwdParams& p, int64_t stats_row,
+                                               int64_t i0, int tid) {
+  if (tid < kRows) {
+    const int64_t i = i0 + tid;
+    float* dst = stats + s * 3 * kRows + tid;
+    if (i < p.Lq) {
+      const float* delta = static_cast<const float*>(p.workspace) + stats_row + i;
+      const int64_t rows = num_rows(p);
+      cp_async_4(dst, delta, true);
+      cp_async_4(dst + kRows, delta + rows, true);
+      cp_async_4(dst + 2 * kRows, delta + 2 * rows, true);
+    } else {
+      dst[0] = 0.0f;
+      dst[kRows] = -neg_inf();
+      dst[2 * kRows] = 0.0f;
+    }
+  }
+}
 
 // A tile of rows of 32 16-bit elements (head dim 32: 64 bytes, four 16-byte chunks) stored
 // unpadded, chunk c of row r at c ^ ((r / 2) % 4): the 8 rows of one ldmatrix matrix (the same
