@@ -1,5 +1,6 @@
 #include "attention_case.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -124,6 +125,13 @@ void make_rows_masked(const Case& c, Inputs& in) {
   } else if (c.masked_rows == MaskedRows::kMinus1e9) {
     util::fill_value(narrow(in.mask_bias.view, {0, 0}), -1e9);
     util::fill_value(narrow(in.mask_bias.view, {c.B - 1, c.N - 1}), -1e9);
+  } else if (c.masked_rows == MaskedRows::kPairMinusInf) {
+    util::fill_value(narrow(in.pair_bias.view, {0, 0, 0, 0}), -kInf);
+    for (int64_t k : {int64_t{0}, std::min<int64_t>(3, c.Lk - 1), c.Lk - 1}) {
+      util::fill_value(narrow(in.pair_bias.view, {0, 0, 0, std::min<int64_t>(1, c.Lq - 1), k}), -kInf);
+    }
+  } else if (c.masked_rows == MaskedRows::kPairMinus1e9) {
+    util::fill_value(narrow(in.pair_bias.view, {0, 0, 0, 0}), -1e9);
   }
 }
 
@@ -166,6 +174,8 @@ std::string Case::name() const {
   if (!mask.empty()) s << "_mask_" << mask;
   if (masked_rows == MaskedRows::kMinusInf) s << "_rowsinf";
   if (masked_rows == MaskedRows::kMinus1e9) s << "_rows1e9";
+  if (masked_rows == MaskedRows::kPairMinusInf) s << "_pairinf";
+  if (masked_rows == MaskedRows::kPairMinus1e9) s << "_pair1e9";
   if (layout != Layout::kContiguous) s << "_in_" << layout_name(layout);
   if (out_layout != Layout::kContiguous) s << "_out_" << layout_name(out_layout);
   if (scale != 0.0) s << "_scaled" << (scale < 0 ? "neg" : "") << static_cast<int64_t>(std::fabs(scale) * 100);

@@ -37,6 +37,10 @@ enum class MaskedRows {
   kNone,
   kMinusInf,  // mask all false at (b, n) = (0, 0); mask_bias -inf on every key at (B-1, N-1)
   kMinus1e9,  // mask_bias -1e9 on every key at (0, 0) and (B-1, N-1); reference scores in float32
+  // pair_bias at (b, h) = (0, 0): -inf on every key of query row 0, and on keys 0, 3 and Lk - 1
+  // of row 1 (the other keys of row 1 stay: IEEE, not a whole-row rule)
+  kPairMinusInf,
+  kPairMinus1e9,  // pair_bias -1e9 on every key of query row 0 at (b, h) = (0, 0); float32 scores
 };
 
 struct Case {

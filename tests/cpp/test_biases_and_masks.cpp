@@ -66,6 +66,13 @@ std::vector<Case> masked_row_cases() {
     fast.masked_rows = MaskedRows::kMinus1e9;
     fast.bias_f32 = dt == EVOATTN_FLOAT16;
     cases.push_back(fast);
+    // Infinite and -1e9 pair biases (the fast forward adds the pair bias in units of 1/scale).
+    for (MaskedRows rows : {MaskedRows::kPairMinusInf, MaskedRows::kPairMinus1e9}) {
+      Case pair = shape(2, 3, 2, 17, 24, 32, dt).biases("bn11k", "b1hqk").grads(true, true);
+      pair.masked_rows = rows;
+      pair.bias_f32 = dt == EVOATTN_FLOAT16 && rows == MaskedRows::kPairMinus1e9;
+      cases.push_back(pair);
+    }
   }
   Case tiny = shape(2, 1, 3, 1, 2, 8, EVOATTN_FLOAT32).biases("bn11k", "").grads(true, false);
   tiny.mask = "bnk";
