@@ -173,10 +173,15 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   // Stage of a query tile: the parity of its position in the block's walk. The walk snakes:
   // odd key tiles take the query tiles in reverse, so the running dQ (and Q, dO) a key tile
   // starts with are the ones the previous one just left, still in L2.
+  // kFast: two barriers per query step instead of three, as bwd_dkdv_wide_kernel.cuh (the
+  // generic variant fills a single float tile at each step's start and keeps three).
+  constexpr bool kTwoBarriers = kFast;
   int walk = 0;
   for (int kt = kt_first; kt < kt_end; ++kt) {
     const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
-    // The previous key tile's last barrier freed K, V and the key biases.
+    // The previous key tile's last barrier freed K, V and the key biases (kTwoBarriers: this
+    // one).
+    if (kTwoBarriers && kt > kt_first) __syncthreads();
     if constexpr (kFast) {
       const int lk = static_cast<int>(p.Lk);
       copy_seq_tile32<Element, kBlockN, kHeadDim, 128>(sK, static_cast<const Element*>(p.k), bnh32(p.k_stride),
@@ -209,6 +214,12 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       if (!kFast && has_tile && !fast_tile) {
         fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
       }
+      if constexpr (kTwoBarriers) {
+        // Publishes this step's query tile (at step 0 also K and V) and tells that every warp
+        // has left the previous step, whose stage, running dQ and dS^T are rewritten next.
+        cp_async_wait<0>();
+        __syncthreads();
+      }
       if (accumulate_dq && !dq_in_smem) {  // the query tile's running dQ, needed after the scores
         copy_running_dq<kHeadDim, kBlockM>(sdQ, dq_accum, i0, p.Lq, plan, tid);
       }
@@ -222,11 +233,11 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
         load_query_tile(next_qt, stage ^ 1);
         if (fast_tile) load_raw_tile(next_qt, last_step ? kt + 1 : kt, stage ^ 1);
         cp_async_commit();
-        cp_async_wait<2>();  // all but the running dQ and the next query tile
-      } else {
+        if constexpr (!kTwoBarriers) cp_async_wait<2>();  // all but the running dQ and the next query tile
+      } else if constexpr (!kTwoBarriers) {
         cp_async_wait<1>();
       }
-      __syncthreads();
+      if constexpr (!kTwoBarriers) __syncthreads();
 
       const Element* Qs = sQ + stage * T::kSeqElems;
       const Element* dOs = sdO + stage * T::kSeqElems;
@@ -345,7 +356,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
           store_running_dq<kDTiles>(acc_dq, dq_accum, i0 + warp_row, p.Lq, plan, lane);
         }
       }
-      __syncthreads();
+      if constexpr (!kTwoBarriers) __syncthreads();
     }
 
     const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
@@ -357,7 +368,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
                                      p.D, plan.pairs_dv, lane, one);
   }
   // The last query step's waits and barrier finished every thread's running-dQ traffic.
-  if (dq_accum != nullptr) release_dq_slot(p, plan, dq_accum, tid);
+  if (dq_accum != nullptr) {
+    if constexpr (kTwoBarriers) __syncthreads();
+    release_dq_slot(p, plan, dq_accum, tid);
+  }
 }
 
 template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false>
