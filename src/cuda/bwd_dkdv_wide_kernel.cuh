@@ -8,7 +8,7 @@
 // dQ are copied once per 128 keys. The query tile is taken in two parts of 32 queries so S^T and
 // dP^T still take 64 registers (248, no spills). ~104 KB of shared memory: two blocks per SM on
 // an H100; the running dQ stays in the workspace (LaunchPlan::dq_in_smem is off).
-// 32-bit offsets (bwd_fast_path); fuse_dq or one block per 128 keys.
+// 32-bit offsets (bwd_fast_path); fuse_dq only: a block walks every key block of its (b, n, h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -76,26 +76,19 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
   const int warp_key = warp * 16 * kKeyRows;  // this warp's first key in the block
   const int warp_q = warp * 16;               // this warp's first dQ row in the query tile
 
-  // 128-key blocks [kb_first, kb_end) of one (b, n, h).
-  const int k_blocks = (plan.k_tiles + kKeyRows - 1) / kKeyRows;
+  // The 128-key blocks [kb_first, kb_end) of one (b, n, h): all of them.
+  const int kb_first = 0, kb_end = (plan.k_tiles + kKeyRows - 1) / kKeyRows;
   int64_t block = blockIdx.x;
-  const bool fuse_dq = plan.fuse_dq;
-  int kb_first = 0, kb_end = k_blocks;
-  if (!fuse_dq) {
-    kb_first = static_cast<int>(block % k_blocks);
-    kb_end = kb_first + 1;
-    block /= k_blocks;
-  }
   const int64_t bnh = block;
   const int64_t h = block % p.H;
   block /= p.H;
   const int64_t n = block % p.N, b = block / p.N;
   const int64_t stats_row = bnh * p.Lq;
 
-  // The running dQ in a slot of the workspace pool (unused where the block walks one 128-key
-  // block; the dispatch takes this kernel for 4 key tiles or more).
+  // The running dQ in a slot of the workspace pool (the dispatch takes this kernel for 4 key
+  // tiles or more, so there is always a second key block).
   float* dq_accum = nullptr;
-  if (fuse_dq && plan.dq_accum != nullptr) {
+  if (plan.dq_accum != nullptr) {
     dq_accum = claim_dq_slot<T::kMinBlocksPerSm>(p, plan, reinterpret_cast<int*>(sdS), tid);
   }
 
@@ -142,7 +135,7 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
       key_bias.load<true>(p, plan, b, n, h, j0 + tid);
       sKey[tid] = key_bias.value_log2<true>(p, plan);
     }
-    const bool accumulate_dq = fuse_dq && kb > kb_first;
+    const bool accumulate_dq = kb > kb_first;
 
     float acc_dk[kKeyRows][kDTiles][4], acc_dv[kKeyRows][kDTiles][4];
     for (int r = 0; r < kKeyRows; ++r)
@@ -238,13 +231,12 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
           for (int r = 0; r < kKeyRows; ++r) {
             accumulators_to_a<Element>(s[r][2 * kp], s[r][2 * kp + 1], pa[r]);
             accumulators_to_a<Element>(dp[r][2 * kp], dp[r][2 * kp + 1], dsa[r]);
-            if (fuse_dq) {  // dS^T rows warp_key + 16 r + g (+8), query columns 16 kk + 2t (+8)
-              const int w0 = ((warp_key + 16 * r + g) * kDsStride + kk * 16 + 2 * t) / 2;
-              sdS32[w0] = dsa[r][0];
-              sdS32[w0 + 4 * kDsStride] = dsa[r][1];
-              sdS32[w0 + 4] = dsa[r][2];
-              sdS32[w0 + 4 * kDsStride + 4] = dsa[r][3];
-            }
+            // dS^T rows warp_key + 16 r + g (+8), query columns 16 kk + 2t (+8).
+            const int w0 = ((warp_key + 16 * r + g) * kDsStride + kk * 16 + 2 * t) / 2;
+            sdS32[w0] = dsa[r][0];
+            sdS32[w0 + 4 * kDsStride] = dsa[r][1];
+            sdS32[w0 + 4] = dsa[r][2];
+            sdS32[w0 + 4 * kDsStride + 4] = dsa[r][3];
           }
           for (int dq = 0; dq < kDTiles / 2; ++dq) {
             const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -262,7 +254,7 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
         }
       }
 
-      if (fuse_dq) {
+      {
         // dQ rows warp_q + g (+8) of this query tile += dS K over the block's 128 keys.
         if (has_next) {
           cp_async_wait<1>();
@@ -299,20 +291,19 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
   }
 }
 
-// The launch: the plan must have a fast tile and, fused over several key blocks, the running
-// dQ in the workspace. (The kernel also runs unfused, one block per 128 keys; the dispatch
-// takes it fused only, LaunchPlan::dkdv_wide.)
+// The launch: the plan must fuse dQ (LaunchPlan::dkdv_wide is set only then), have a fast tile
+// and, over several key blocks, the running dQ in the workspace.
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_dkdv_wide(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = BwdWideKeyTraits<Element, kHeadDim>;
   const int64_t k_blocks = (plan.k_tiles + T::kKeyRows - 1) / T::kKeyRows;
-  if (plan.tile_fast_slot < 0 || plan.dq_in_smem || (plan.fuse_dq && k_blocks > 1 && plan.dq_accum == nullptr)) {
+  if (!plan.fuse_dq || plan.tile_fast_slot < 0 || plan.dq_in_smem || (k_blocks > 1 && plan.dq_accum == nullptr)) {
     return cudaErrorInvalidValue;
   }
   auto kernel = bwd_dkdv_wide_kernel<Element, kHeadDim>;
-  const size_t smem = plan.fuse_dq ? T::kSmemBytesFused : T::kSmemBytes;
+  const size_t smem = T::kSmemBytesFused;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
-  const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : k_blocks);
+  const int64_t blocks = p.B * p.N * p.H;
   kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
   return cudaGetLastError();
 }

@@ -86,10 +86,9 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
   // Grid: (key-tile pair, chunk), chunk fastest. The pair's first tile in task.blocks order
-  // (rows_coord: key tile fastest).
-  const int64_t k_pairs = (plan.k_tiles + 1) / 2;
+  // (rows_coord: key tile fastest; the key-tile count is even, so pairs never straddle rows).
   const int64_t pair = blockIdx.x / task.chunks, chunk = blockIdx.x % task.chunks;
-  const int64_t first_block = pair / k_pairs * plan.k_tiles + pair % k_pairs * 2;
+  const int64_t first_block = 2 * pair;
   const int64_t it_begin = chunk * task.chunk_iters;
   const int64_t it_end = it_begin + task.chunk_iters < task.iters ? it_begin + task.chunk_iters : task.iters;
   const TileCoord c0 = rows_coord(task, p, plan, first_block, it_begin);
@@ -275,7 +274,7 @@ cudaError_t run_bwd_pair_bias(const BwdParams& p, const LaunchPlan& plan, const 
   }
   auto kernel = bwd_pair_bias_kernel<Element, kHeadDim>;
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
-  const int64_t pairs = task.blocks / plan.k_tiles * ((plan.k_tiles + 1) / 2);
+  const int64_t pairs = task.blocks / 2;
   kernel<<<static_cast<unsigned>(pairs * task.chunks), T::kThreads, T::kSmemBytes, stream>>>(p, plan, task);
   if (task.partials == nullptr) return cudaGetLastError();
   const int64_t elements = task.blocks * kTile * kTile;
