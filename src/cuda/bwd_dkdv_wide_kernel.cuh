@@ -38,16 +38,13 @@ struct BwdWideKeyTraits {
   static constexpr int kDsStride = kBlockM + 8;
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kMinBlocksPerSm = kWideDkdvBlocksPerSm;
-  // K, V; two stages of Q, dO, the raw tiles and the row statistics; key biases. fuse_dq adds
-  // dS^T [kBlockN][kDsStride] and the query tile's running dQ [kBlockM][kHeadDim].
+  // K, V; two stages of Q, dO, the raw tiles and the row statistics; key biases; dS^T
+  // [kBlockN][kDsStride] and the query tile's running dQ [kBlockM][kHeadDim].
   static constexpr size_t kSmemBytes =
-      (2 * kKeyElems + 4 * kQueryElems) * sizeof(Element) + 2 * kRawStage * sizeof(uint16_t) +
-      (kBlockN + 2 * 3 * kBlockM) * sizeof(float);
-  static constexpr size_t kSmemBytesFused =
-      kSmemBytes + size_t{kBlockN} * kDsStride * sizeof(Element) + size_t{kBlockM} * kHeadDim * sizeof(float);
+      (2 * kKeyElems + 4 * kQueryElems + kBlockN * kDsStride) * sizeof(Element) +
+      2 * kRawStage * sizeof(uint16_t) + (kBlockN + 2 * 3 * kBlockM + kBlockM * kHeadDim) * sizeof(float);
   static_assert(kHeadDim == 32 && sizeof(Element) == 2, "instantiated for the 16-bit head-dim-32 bucket");
-  static_assert(kSmemBytes == dkdv_wide_smem_bytes(false) && kSmemBytesFused == dkdv_wide_smem_bytes(true),
-                "dkdv_wide_smem_bytes counts this layout");
+  static_assert(kSmemBytes == dkdv_wide_smem_bytes(), "dkdv_wide_smem_bytes counts this layout");
 };
 
 template <typename Element, int kHeadDim>
@@ -301,10 +298,9 @@ cudaError_t run_bwd_dkdv_wide(const BwdParams& p, const LaunchPlan& plan, cudaSt
     return cudaErrorInvalidValue;
   }
   auto kernel = bwd_dkdv_wide_kernel<Element, kHeadDim>;
-  const size_t smem = T::kSmemBytesFused;
-  if (cudaError_t err = reserve_smem(kernel, smem)) return err;
+  if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   const int64_t blocks = p.B * p.N * p.H;
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
   return cudaGetLastError();
 }
 

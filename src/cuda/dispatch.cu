@@ -180,7 +180,7 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
       plan.fuse_dq = false;
     } else {
       plan.dkdv_wide = cuda::dkdv_wide_keys(p, bucket) &&
-                       two_blocks_fit_sm(p.device, allowed, cuda::dkdv_wide_smem_bytes(true));
+                       two_blocks_fit_sm(p.device, allowed, cuda::dkdv_wide_smem_bytes());
       // Running-dQ slots: one per block the GPU holds (its registers cap an SM at
       // dkdv_blocks_per_sm, or kWideDkdvBlocksPerSm), at most what the shape allows.
       const int blocks_per_sm = plan.dkdv_wide ? cuda::kWideDkdvBlocksPerSm

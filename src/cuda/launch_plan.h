@@ -264,14 +264,14 @@ inline bool dkdv_no_tile(const FwdParams& p, int head_dim_bucket) {
 // The dK/dV kernel with warps of 32 keys (bwd_dkdv_wide_kernel.cuh), two blocks per SM (248
 // registers), and its shared memory (BwdWideKeyTraits): K, V of 128 keys (rows of 40
 // elements), two stages of Q and dO (64 rows), two stages of two raw bias tiles (a 64 x 72
-// allocation each, RawBiasTile), key biases and two stages of row statistics; with `fused_dq`
-// also dS^T (128 x 72 elements) and the query tile's running dQ (64 x 32 floats).
+// allocation each, RawBiasTile), key biases, two stages of row statistics, dS^T (128 x 72
+// elements) and the query tile's running dQ (64 x 32 floats). It runs fused (fuse_dq) only.
 constexpr int kWideDkdvBlocksPerSm = 2;
-constexpr size_t dkdv_wide_smem_bytes(bool fused_dq) {
+constexpr size_t dkdv_wide_smem_bytes() {
   const size_t seq = size_t{kTile} * (32 + 8) * 2;
   const size_t base = 8 * seq + 4 * size_t{kTile} * (kTile + 8) * 2 + (2 * kTile + 2 * 3 * kTile) * sizeof(float);
   const size_t fused = size_t{2 * kTile} * (kTile + 8) * 2 + size_t{kTile} * 32 * sizeof(float);
-  return base + (fused_dq ? fused : 0);
+  return base + fused;
 }
 // Whether a tile bias's layout lets the fast tile path take it (LaunchPlan::tile_fast_slot,
 // which also asks for 16-byte aligned data): 16-bit inputs, the bias in their dtype, unit key
