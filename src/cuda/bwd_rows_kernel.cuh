@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
         fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, i0, j0);
       }
     }
-    // Over n, one barrier per n: it publishes this n's stages and tells that every warp has
+    // kOneBarrier, one barrier per n: it publishes this n's stages and tells that every warp has
     // left the previous n, whose stages the next n's copies, issued after it, overwrite. The
     // key biases alternate between sKey and the first row of sReduce (unused over n).
     const int key_buf = kOneBarrier ? static_cast<int>(it - it_begin) % 2 * kBlockN : 0;
