@@ -39,10 +39,13 @@ DKDV_NO_TILE_HEAD_DIMS = [32]
 # at these head dims: "bwd_dkdv_wide_" files.
 DKDV_WIDE = ("cuda/bwd_dkdv_wide_kernel.cuh", "run_bwd_dkdv_wide")
 DKDV_WIDE_HEAD_DIMS = [32]
+# The fast dK/dV kernel in blocks of two key tiles (`kKeyTiles` = 2; LaunchPlan::dkdv_key_pairs)
+# at these head dims: "_fast_keypairs" files.
+DKDV_KEY_PAIRS_HEAD_DIMS = [64]
 # The pair bias's gradient in blocks of two key tiles (fast path, fast tile; pair_bias_key_pairs
 # in launch_plan.h) at these head dims: "bwd_pair_bias_" files.
 PAIR_BIAS = ("cuda/bwd_pair_bias_kernel.cuh", "run_bwd_pair_bias")
-PAIR_BIAS_HEAD_DIMS = [32]
+PAIR_BIAS_HEAD_DIMS = [32, 64]
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
@@ -82,6 +85,9 @@ def main() -> None:
                 if kernel == "bwd_dkdv" and hd in DKDV_NO_TILE_HEAD_DIMS:
                     write_instantiation(out, f"bwd_dkdv_{dname}_hdim{hd}_fast_notile.cu", header,
                                         f"cudaError_t {fn}<{dtype}, {hd}, true, true>{sig}", names)
+                if kernel == "bwd_dkdv" and hd in DKDV_KEY_PAIRS_HEAD_DIMS:
+                    write_instantiation(out, f"bwd_dkdv_{dname}_hdim{hd}_fast_keypairs.cu", header,
+                                        f"cudaError_t {fn}<{dtype}, {hd}, true, false, 2>{sig}", names)
                 if kernel == "bwd_dkdv" and hd in DKDV_WIDE_HEAD_DIMS:
                     wheader, wfn = DKDV_WIDE
                     write_instantiation(out, f"bwd_dkdv_wide_{dname}_hdim{hd}.cu", wheader,

@@ -1,5 +1,7 @@
 // Backward, key side, for float16 / bfloat16 on mma.sync: one block per (b, n, h, 64 keys), or
-// with plan.fuse_dq one block per (b, n, h) walking its key tiles in order.
+// with plan.fuse_dq one block per (b, n, h) walking its key tiles in order — with
+// kKeyTiles = 2 (plan.dkdv_key_pairs, head dim 64) two key tiles at a time, eight warps, the
+// running dQ in shared memory.
 //
 //   K, V tile stays in shared memory; for each tile of 64 queries (Q, dO and the raw bias tile
 //   double-buffered, RawBiasTile, read transposed by ldmatrix.trans):
@@ -28,18 +30,19 @@
 
 namespace evoattn::cuda {
 
-template <typename Element, int kHeadDim, bool kFast, bool kNoTile>
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile, int kKeyTiles = 1>
 struct BwdKeyTraits {
   static constexpr int kBlockM = 64;  // queries per iteration
-  static constexpr int kBlockN = 64;  // keys per block: 16 per warp
-  static constexpr int kThreads = 128;
+  static constexpr int kBlockN = 64 * kKeyTiles;  // keys per block step: 16 per warp
+  static constexpr int kThreads = 128 * kKeyTiles;
   static constexpr int kRowStride = kHeadDim + 8;
   // The bias tile is [query][key] but read transposed (rows = keys): a stride of 68 = 4 (mod 16)
   // words puts the four query columns 2t of a quad 8 banks apart.
-  static constexpr int kTileStride = kBlockN + 4;
+  static constexpr int kTileStride = kTile + 4;  // the generic tile: one key tile
   // The generic float tile, or (fast tile) two stages of the raw tile (RawBiasTile) in its place.
-  static constexpr int kTileFloats = kNoTile ? 0 : kBlockM * (kBlockN + 8);
-  static constexpr int kSeqElems = kBlockN * kRowStride;  // one K, V, Q or dO tile
+  static constexpr int kTileFloats = kNoTile ? 0 : kKeyTiles * kBlockM * (kTile + 8);
+  static constexpr int kKeyElems = kBlockN * kRowStride;    // K or V
+  static constexpr int kQueryElems = kBlockM * kRowStride;  // one stage of Q or dO
   // dS^T [key][query] for the dQ product: 72 elements = 36 words, so a quad's rows g land 4
   // banks apart. The running dQ [query][d] has unpadded rows (all of Lq may be resident) whose
   // 8-float chunks are swizzled (dq_chunk): conflict-free 8-byte fragment accesses.
@@ -49,34 +52,37 @@ struct BwdKeyTraits {
   static constexpr bool kFusesDq = kHeadDim <= kMaxFusedDqHeadDim;
   // Without fuse_dq the launch leaves off the dS^T and running-dQ buffers at the end, so an
   // unfused dK/dV still fits a GPU with less shared memory than the fused one needs.
-  static constexpr size_t kSmemBytes = dkdv_smem_bytes(kHeadDim, false, kNoTile);
-  static constexpr size_t kSmemBytesFused = dkdv_smem_bytes(kHeadDim, kFusesDq, kNoTile);
-  static_assert(sizeof(Element) == 2 && kBlockM == kTile && kBlockN == kTile &&
+  static constexpr size_t kSmemBytes = dkdv_smem_bytes(kHeadDim, false, kNoTile, 0, kKeyTiles);
+  static constexpr size_t kSmemBytesFused = dkdv_smem_bytes(kHeadDim, kFusesDq, kNoTile, 0, kKeyTiles);
+  static_assert(sizeof(Element) == 2 && kBlockM == kTile && kBlockN == kKeyTiles * kTile &&
                     kTileStride == kTile + 4 && kDsStride == kTile + 8 &&
                     (kNoTile || (kBlockM * kTileStride <= kTileFloats &&
-                                 2 * RawBiasTile::kElems * sizeof(uint16_t) == kTileFloats * sizeof(float))),
+                                 2 * kKeyTiles * RawBiasTile::kElems * sizeof(uint16_t) == kTileFloats * sizeof(float))),
                 "dkdv_smem_bytes counts this layout");
+  // Two key tiles a block: the fused fast path at head dim 64 only (its generic float tile is
+  // one key tile wide), the running dQ in shared memory, one block of eight warps per SM.
+  static_assert(kKeyTiles == 1 || (kKeyTiles == 2 && kFast && kHeadDim == 64), "key pairs: fast, head dim 64");
   // Three blocks per SM for head dim 16 (registers capped at 168), two up to 64: at three the
   // D = 32 loop spills, and on an H100 two unspilled blocks ran the backward 8-12% faster.
   // Without tile-bias code the D = 32 loop fits 168 registers (its spills lie outside the
   // query-tile loop), so that instantiation runs three.
-  static constexpr int kMinBlocksPerSm = dkdv_blocks_per_sm(kHeadDim, kNoTile);
+  static constexpr int kMinBlocksPerSm = kKeyTiles == 2 ? 1 : dkdv_blocks_per_sm(kHeadDim, kNoTile);
   // The warp's K and V A-fragments (constant over a key tile) are loaded at its first query
   // tile and held in registers, not read from shared memory every query tile (the kernel's
   // busiest unit): 16 registers in the head-dim-32 fast kernel with a tile, which fits them
   // unspilled at 255 (f+b 0.3-0.8% faster, PERF v21). Its no-tile (168) and generic variants
   // spill with them, and 32 at head dim 64 would too.
   static constexpr bool kHoldKeyFragments = kHeadDim == 32 && kFast && !kNoTile;
-  static_assert(kBlockM == kTile && kBlockN == kTile, "one tile shape for K, V, Q and dO: the plan's");
   static_assert(kSmemBytesFused <= 227 * 1024, "shared memory per block on sm_90");
 };
 
 // kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out. kNoTile:
 // no bias varies along Lq (plan.tile_slots == 0), and the tile-bias code is compiled out.
-template <typename Element, int kHeadDim, bool kFast, bool kNoTile>
-__global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kNoTile>::kMinBlocksPerSm)
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile, int kKeyTiles>
+__global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles>::kThreads,
+                                  BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles>::kMinBlocksPerSm)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
-  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile>;
+  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
   constexpr int kTileStride = T::kTileStride, kDsStride = T::kDsStride;
   constexpr int kQTiles = kBlockM / 8;   // 8-query column tiles of S^T
@@ -85,12 +91,12 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sK = reinterpret_cast<Element*>(smem_raw);
-  Element* sV = sK + T::kSeqElems;
-  Element* sQ = sV + T::kSeqElems;   // [2 stages]
-  Element* sdO = sQ + 2 * T::kSeqElems;  // [2 stages]
-  float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kSeqElems);
-  // The fast tile path stages the raw bias, two stages beside Q and dO, where the generic
-  // path's float tile would be (a call takes one of the two).
+  Element* sV = sK + T::kKeyElems;
+  Element* sQ = sV + T::kKeyElems;   // [2 stages]
+  Element* sdO = sQ + 2 * T::kQueryElems;  // [2 stages]
+  float* sTile = reinterpret_cast<float*>(sdO + 2 * T::kQueryElems);
+  // The fast tile path stages the raw bias, two stages (of kKeyTiles tiles) beside Q and dO,
+  // where the generic path's float tile would be (a call takes one of the two).
   uint16_t* sRawTile = reinterpret_cast<uint16_t*>(sTile);  // sized in BwdKeyTraits::kTileFloats
   float* sKey = sTile + T::kTileFloats;
   // [2 stages][Delta, row max, row log-sum][kBlockM]: the row statistics of Q and dO's rows.
@@ -102,11 +108,13 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
+  // The warp's key tile of the block, and its rows there (kKeyTiles = 1: 0 and warp_row).
+  const int key_tile = kKeyTiles == 1 ? 0 : warp / 4, tile_row = kKeyTiles == 1 ? warp_row : warp_row % kTile;
 
-  // Key tiles [kt_first, kt_end) of one (b, n, h).
+  // Key blocks (kKeyTiles key tiles each) [kt_first, kt_end) of one (b, n, h).
   int64_t block = blockIdx.x;
   const bool fuse_dq = T::kFusesDq && plan.fuse_dq;
-  int kt_first = 0, kt_end = plan.k_tiles;
+  int kt_first = 0, kt_end = kKeyTiles == 1 ? plan.k_tiles : (plan.k_tiles + kKeyTiles - 1) / kKeyTiles;
   if (!fuse_dq) {
     kt_first = static_cast<int>(block % plan.k_tiles);
     kt_end = kt_first + 1;
@@ -144,25 +152,27 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
     if constexpr (kFast) {
       const int row0 = qt * kBlockM, lq = static_cast<int>(p.Lq);
-      copy_seq_tile32<Element, kBlockM, kHeadDim, 128>(sQ + s * T::kSeqElems, static_cast<const Element*>(p.q),
-          bnh32(p.q_stride), row0, lq, static_cast<int>(p.q_stride.l), p.D, tid);
-      copy_seq_tile32<Element, kBlockM, kHeadDim, 128>(sdO + s * T::kSeqElems, static_cast<const Element*>(p.d_o),
-          bnh32(p.do_stride), row0, lq, static_cast<int>(p.do_stride.l), p.D, tid);
+      copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads>(sQ + s * T::kQueryElems,
+          static_cast<const Element*>(p.q), bnh32(p.q_stride), row0, lq, static_cast<int>(p.q_stride.l), p.D, tid);
+      copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads>(sdO + s * T::kQueryElems,
+          static_cast<const Element*>(p.d_o), bnh32(p.do_stride), row0, lq, static_cast<int>(p.do_stride.l), p.D, tid);
     } else {
       const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
       const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
-      q_copy.copy(sQ + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_q, tid);
-      do_copy.copy(sdO + s * T::kSeqElems, i0, p.Lq, p.D, plan.vec_do, tid);
+      q_copy.copy(sQ + s * T::kQueryElems, i0, p.Lq, p.D, plan.vec_q, tid);
+      do_copy.copy(sdO + s * T::kQueryElems, i0, p.Lq, p.D, plan.vec_do, tid);
     }
     copy_row_stats<kBlockM>(sStats, s, p, stats_row, i0, tid);
   };
-  // The raw bias tile (query tile qt, key tile kt) into stage `s` (fast_tile; cp.async).
+  // The raw bias tiles (query tile qt, key block kt) into stage `s` (fast_tile; cp.async): each
+  // key tile's by 128 threads.
   auto load_raw_tile = [&](int qt, int kt, int s) {
     using Index = std::conditional_t<kFast, int32_t, int64_t>;
+    const int part = kKeyTiles == 1 ? 0 : tid / 128, copy_tid = kKeyTiles == 1 ? tid : tid % 128;
     RawBiasTileStream<Index> copy;
-    copy.start(p, plan, tid, static_cast<Index>(b), static_cast<Index>(n), static_cast<Index>(h),
-               static_cast<Index>(qt) * kBlockM, static_cast<Index>(kt) * kBlockN);
-    copy.copy_next(sRawTile + s * RawBiasTile::kElems, plan, tid);
+    copy.start(p, plan, copy_tid, static_cast<Index>(b), static_cast<Index>(n), static_cast<Index>(h),
+               static_cast<Index>(qt) * kBlockM, static_cast<Index>(kt) * kBlockN + part * kTile);
+    copy.copy_next(sRawTile + (s * kKeyTiles + part) * RawBiasTile::kElems, plan, copy_tid);
   };
   load_query_tile(0, 0);
   if (fast_tile) load_raw_tile(0, kt_first, 0);
@@ -184,10 +194,10 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
     if (kTwoBarriers && kt > kt_first) __syncthreads();
     if constexpr (kFast) {
       const int lk = static_cast<int>(p.Lk);
-      copy_seq_tile32<Element, kBlockN, kHeadDim, 128>(sK, static_cast<const Element*>(p.k), bnh32(p.k_stride),
-          kt * kBlockN, lk, static_cast<int>(p.k_stride.l), p.D, tid);
-      copy_seq_tile32<Element, kBlockN, kHeadDim, 128>(sV, static_cast<const Element*>(p.v), bnh32(p.v_stride),
-          kt * kBlockN, lk, static_cast<int>(p.v_stride.l), p.D, tid);
+      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads>(sK, static_cast<const Element*>(p.k),
+          bnh32(p.k_stride), kt * kBlockN, lk, static_cast<int>(p.k_stride.l), p.D, tid);
+      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads>(sV, static_cast<const Element*>(p.v),
+          bnh32(p.v_stride), kt * kBlockN, lk, static_cast<int>(p.v_stride.l), p.D, tid);
     } else {
       load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h), j0, p.Lk, p.D, plan.vec_k, tid);
       load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h), j0, p.Lk, p.D, plan.vec_v, tid);
@@ -239,8 +249,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       }
       if constexpr (!kTwoBarriers) __syncthreads();
 
-      const Element* Qs = sQ + stage * T::kSeqElems;
-      const Element* dOs = sdO + stage * T::kSeqElems;
+      const Element* Qs = sQ + stage * T::kQueryElems;
+      const Element* dOs = sdO + stage * T::kQueryElems;
       // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
       // Up to head dim 32 dP^T's accumulators start at -Delta of their columns (queries), so
       // they end as dP^T - Delta: one FADD a score less (H100, same-run A/B: msacol and extramsa
@@ -287,8 +297,8 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
       float raw_tile[kQTiles][4];
       if (fast_tile) {
-        RawBiasTile::read_transposed<Element, kQTiles>(sRawTile + stage * RawBiasTile::kElems, warp_row, lane,
-                                                       raw_tile);
+        RawBiasTile::read_transposed<Element, kQTiles>(
+            sRawTile + (stage * kKeyTiles + key_tile) * RawBiasTile::kElems, tile_row, lane, raw_tile);
       }
       for (int nt = 0; nt < kQTiles; ++nt) {
         for (int e = 0; e < 4; ++e) {
@@ -331,7 +341,7 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
       }
 
       if (fuse_dq) {
-        // dQ rows warp_row + g (+8) of this query tile += dS K over the tile's 64 keys: A is
+        // dQ rows dq_row + g (+8) of this query tile += dS K over the block's keys: A is
         // dS^T read transposed, B is K read transposed (k = key, n = d).
         if (has_next) {
           cp_async_wait<1>();
@@ -340,19 +350,22 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
         }
         __syncthreads();  // every warp's dS^T and the running dQ are in shared memory
         // This thread's running-dQ elements (running_dq_at): only it reads and writes them
-        // where all of Lq is resident.
-        float* const my_dq = running_dq_row<kHeadDim>(sdQ, (dq_in_smem ? i0 : 0) + warp_row, lane);
-        float acc_dq[kDTiles][4];
-        read_running_dq<kDTiles, kHeadDim>(acc_dq, my_dq, accumulate_dq, lane);
-        add_ds_k<Element, kBlockN, kDTiles, kDsStride, kRowStride>(acc_dq, sdS, sK, warp_row, lane);
+        // where all of Lq is resident. Warp w: query rows 16 (w % 4), and with two key tiles
+        // column tiles from d0 (half of them each).
+        constexpr int kDqTiles = kDTiles / kKeyTiles;
+        const int dq_row = tile_row, d0 = key_tile * kDqTiles;
+        float* const my_dq = running_dq_row<kHeadDim>(sdQ, (dq_in_smem ? i0 : 0) + dq_row, lane);
+        float acc_dq[kDqTiles][4];
+        read_running_dq<kDqTiles, kHeadDim>(acc_dq, my_dq, accumulate_dq, lane, d0);
+        add_ds_k<Element, kBlockN, kDqTiles, kDsStride, kRowStride>(acc_dq, sdS, sK, dq_row, lane, 8 * d0);
         if (last_kt) {
-          store_dq_rows<Element, kDTiles>(acc_dq, p, plan, b, n, h, i0 + warp_row, lane);
+          store_dq_rows<Element, kDqTiles>(acc_dq, p, plan, b, n, h, i0 + dq_row, lane, 8 * d0);
         } else if (dq_in_smem) {
           for (int r = 0; r < 2; ++r)
-            for (int d = 0; d < kDTiles; ++d) {
-              *running_dq_at<kHeadDim>(my_dq, r, d, lane) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
+            for (int d = 0; d < kDqTiles; ++d) {
+              *running_dq_at<kHeadDim>(my_dq, r, d0 + d, lane) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
             }
-        } else {
+        } else if constexpr (kKeyTiles == 1) {
           store_running_dq<kDTiles>(acc_dq, dq_accum, i0 + warp_row, p.Lq, plan, lane);
         }
       }
@@ -374,13 +387,14 @@ __global__ void __launch_bounds__(128, BwdKeyTraits<Element, kHeadDim, kFast, kN
   }
 }
 
-template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false>
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false, int kKeyTiles = 1>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile>;
+  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles>;
   if (kNoTile && plan.tile_slots != 0) return cudaErrorInvalidValue;  // dkdv_no_tile
-  auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile>;
+  if (kKeyTiles != 1 && !(plan.fuse_dq && plan.dq_in_smem)) return cudaErrorInvalidValue;
+  auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile, kKeyTiles>;
   const size_t smem = !plan.fuse_dq    ? T::kSmemBytes
-                      : plan.dq_in_smem ? dkdv_smem_bytes_resident_dq(plan, kHeadDim, kNoTile)
+                      : plan.dq_in_smem ? dkdv_smem_bytes_resident_dq(plan, kHeadDim, kNoTile, kKeyTiles)
                                         : T::kSmemBytesFused;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);

@@ -1,5 +1,5 @@
-// Backward, the pair bias's gradient over n, with 128 keys a block: the head-dim-32 fast path
-// with a fast bias tile (pair_bias_key_pairs in launch_plan.h). The job of bwd_rows_kernel's
+// Backward, the pair bias's gradient over n, with 128 keys a block: the head-dim-32 and -64
+// fast paths with a fast bias tile (pair_bias_key_pairs in launch_plan.h). The job of bwd_rows_kernel's
 // RowsJob::kBiasOverN (see there): block (b, h, query tile, two key tiles) walks n, and for
 // every n recomputes S = Q K^T, dP = dO V^T, P and dS = P (dP - Delta), summed in registers.
 //
@@ -7,12 +7,17 @@
 // H100's own clocks it ran at 79% of L2 throughput (ncu, PERF v23). Here two key tiles share
 // one copy of Q and dO: 3 bytes of copies per score instead of 4, and half the barriers per
 // score. Each warp takes 16 queries x 128 keys (64 accumulators) in eight passes of 16 keys.
-// Q, dO, K and V are stored unpadded with XOR-swizzled chunks (SwizzledRows32) and the bias
-// raw (RawBiasTile, read by ldmatrix), so three blocks of 66 KB fit an SM.
+// Q, dO, K and V are stored unpadded with XOR-swizzled chunks (SwizzledRows32 / 64) and the
+// bias raw (RawBiasTile, read by ldmatrix): three blocks of 66 KB fit an SM at head dim 32.
+// At 64 two stages take 96 KB, and the bias would leave one block per SM: each warp holds its
+// 16 x 128 raw bias in 32 registers instead, read once (the tiles staged where the second
+// stage goes), so two blocks of 98.5 KB fit.
 // Deterministic: every n in a fixed order, chunks summed in order by bias_grad_reduce_kernel.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "backend.h"
 #include "cuda/bwd_rows_kernel.cuh"
@@ -29,39 +34,48 @@ template <typename Element, int kHeadDim>
 struct PairBiasTraits {
   static constexpr int kBlockM = kTile, kBlockN = 2 * kTile, kThreads = 128;
   static constexpr int kKeyPass = 16;  // keys of one S / dP pass of a warp
+  using Rows = std::conditional_t<kHeadDim == 32, SwizzledRows32, SwizzledRows64>;
   static constexpr int kQueryElems = kBlockM * kHeadDim, kKeyElems = kBlockN * kHeadDim;
   static constexpr int kStageElems = 2 * kQueryElems + 2 * kKeyElems;  // Q, dO, K, V
   static constexpr int kRawElems = 2 * kTile * kTile;                   // two raw bias tiles
+  // The warp's bias in registers (see above), its tiles staged in the second stage's space.
+  static constexpr bool kBiasInRegs = kHeadDim == 64;
   // Two stages of Q, dO, K, V, of the row statistics and of the key biases; the raw bias tiles.
-  static constexpr size_t kSmemBytes = 2 * kStageElems * sizeof(Element) + kRawElems * sizeof(uint16_t) +
+  static constexpr size_t kSmemBytes = 2 * kStageElems * sizeof(Element) +
+                                       (kBiasInRegs ? 0 : kRawElems * sizeof(uint16_t)) +
                                        (2 * 3 * kBlockM + 2 * kBlockN) * sizeof(float);
-  static_assert(kHeadDim == 32 && sizeof(Element) == 2, "instantiated for the 16-bit head-dim-32 bucket");
-  static_assert(kSmemBytes * rows_blocks_per_sm(kHeadDim) <= 227 * 1024, "three blocks per SM on sm_90");
+  static_assert((kHeadDim == 32 || kHeadDim == 64) && sizeof(Element) == 2 && Rows::kRowElems == kHeadDim,
+                "instantiated for the 16-bit head-dim-32 and -64 buckets");
+  static_assert(kRawElems * sizeof(uint16_t) <= kStageElems * sizeof(Element), "the raw tiles fit a stage");
+  static_assert(kSmemBytes * rows_blocks_per_sm(kHeadDim) <= 227 * 1024, "rows_blocks_per_sm blocks on sm_90");
 };
 
-// The thread's chunks (rows tid / 4 + 32 k, chunk tid % 4) of a [kRows x 32] tile of one
-// (b, h) for consecutive n, as SeqTileNWalk: a 32-bit offset stepped by the n stride.
-template <typename Element, int kRows>
+// The thread's chunks (rows tid / kChunks + kPassRows k, chunk tid % kChunks) of a [kRows x
+// row elements] tile of one (b, h) for consecutive n, as SeqTileNWalk: a 32-bit offset stepped
+// by the n stride.
+template <typename Element, typename Rows, int kRows>
 struct SwizzledNWalk {
-  static constexpr int kPasses = kRows / 32;
+  static constexpr int kChunks = Rows::kRowElems / 8, kPassRows = 128 / kChunks;
+  static constexpr int kPasses = kRows / kPassRows;
   int next;  // the thread's chunk of pass 0 in the next n, from the base (inside the tensor)
   int left;  // rows from the thread's first row to the end (0 past D)
 
   __device__ __forceinline__ SwizzledNWalk(const SeqStrides& s, int b, int n0, int h, int row0,
                                            int num_rows, int D, int tid) {
-    const int row = tid / 4, d = (tid % 4) * 8;
+    const int row = tid / kChunks, d = (tid % kChunks) * 8;
     left = d < D ? num_rows - row0 - row : 0;
     next = bnh_offset(s, b, n0, h) + (left > 0 ? (row0 + row) * static_cast<int>(s.l) + d : 0);
   }
 
   __device__ __forceinline__ void copy_next(Element* tile, int row_stride, int n_stride,
                                            const Element* base, int tid) {
-    const int dst = SwizzledRows32::at(tid / 4, tid % 4);  // + 32 rows a pass: same swizzle
+    // + kPassRows (a multiple of 8) rows a pass: the same swizzle.
+    const int dst = Rows::at(tid / kChunks, tid % kChunks);
 #pragma unroll
     for (int k = 0; k < kPasses; ++k) {
-      const bool valid = 32 * k < left;
-      cp_async_16(tile + dst + 32 * k * SwizzledRows32::kRowElems,
-                  base + (valid ? next + 32 * k * row_stride : 0), valid);
+      const bool valid = kPassRows * k < left;
+      cp_async_16(tile + dst + kPassRows * k * Rows::kRowElems,
+                  base + (valid ? next + kPassRows * k * row_stride : 0), valid);
     }
     next += n_stride;
   }
@@ -72,15 +86,17 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
     bwd_pair_bias_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
                          const __grid_constant__ RowsTask task) {
   using T = PairBiasTraits<Element, kHeadDim>;
-  using Rows = SwizzledRows32;
+  using Rows = typename T::Rows;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kPassTiles = T::kKeyPass / 8, kPasses = kBlockN / T::kKeyPass;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sSeq = reinterpret_cast<Element*>(smem_raw);  // [2 stages][Q | dO | K | V]
-  uint16_t* sRaw = reinterpret_cast<uint16_t*>(sSeq + 2 * T::kStageElems);  // [2 key tiles]
-  float* sStats = reinterpret_cast<float*>(sRaw + T::kRawElems);  // [2][Delta, max, log-sum][kBlockM]
+  // [2 key tiles], with kBiasInRegs in the second stage until every warp has read them.
+  uint16_t* sRaw = reinterpret_cast<uint16_t*>(sSeq + (T::kBiasInRegs ? 1 : 2) * T::kStageElems);
+  // [2][Delta, max, log-sum][kBlockM]
+  float* sStats = reinterpret_cast<float*>(sSeq + 2 * T::kStageElems) + (T::kBiasInRegs ? 0 : T::kRawElems / 2);
   float* sKey = sStats + 2 * 3 * kBlockM;                          // [2][kBlockN]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -97,10 +113,10 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
   const int i_first = static_cast<int>(c0.qt) * kBlockM, j_first = static_cast<int>(c0.kt) * kTile;
   const int lq = static_cast<int>(p.Lq), lk = static_cast<int>(p.Lk);
 
-  SwizzledNWalk<Element, kBlockM> q_walk(p.q_stride, b, n0, h, i_first, lq, p.D, tid);
-  SwizzledNWalk<Element, kBlockM> do_walk(p.do_stride, b, n0, h, i_first, lq, p.D, tid);
-  SwizzledNWalk<Element, kBlockN> k_walk(p.k_stride, b, n0, h, j_first, lk, p.D, tid);
-  SwizzledNWalk<Element, kBlockN> v_walk(p.v_stride, b, n0, h, j_first, lk, p.D, tid);
+  SwizzledNWalk<Element, Rows, kBlockM> q_walk(p.q_stride, b, n0, h, i_first, lq, p.D, tid);
+  SwizzledNWalk<Element, Rows, kBlockM> do_walk(p.do_stride, b, n0, h, i_first, lq, p.D, tid);
+  SwizzledNWalk<Element, Rows, kBlockN> k_walk(p.k_stride, b, n0, h, j_first, lk, p.D, tid);
+  SwizzledNWalk<Element, Rows, kBlockN> v_walk(p.v_stride, b, n0, h, j_first, lk, p.D, tid);
   // Row statistics: threads 0..63 one row each; zero past Lq, where the reader takes
   // row_max = +inf, so P = 0.
   const bool stats_row = tid < kBlockM && i_first + tid < lq;
@@ -144,6 +160,21 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
   float acc[kBlockN / 8][4];
   for (int nt = 0; nt < kBlockN / 8; ++nt)
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+
+  // The bias of the warp's rows and every pass's 16 keys (kBiasInRegs): raw words, unpacked
+  // where used as read_rows would. The second barrier frees the second stage for n0 + 1.
+  uint32_t bias_words[T::kBiasInRegs ? kPasses : 1][4];
+  if constexpr (T::kBiasInRegs) {
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int key0 = pass * T::kKeyPass;
+      RawBiasTile::read_rows_raw(sRaw + key0 / kTile * kTile * kTile, warp_row, key0 % kTile / 8, lane,
+                                 bias_words[pass]);
+    }
+    __syncthreads();
+  }
 
   int stage = 0;
   int n = n0;
@@ -212,10 +243,13 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
       }
       // The pass's bias: its raw tile, and its first 8-key column tile in it.
       float tb[kPassTiles][4];
-      const int key0 = pass * T::kKeyPass;
-      const uint16_t* raw = sRaw + key0 / kTile * kTile * kTile;
-      for (int nt = 0; nt < kPassTiles; nt += 2) {
-        RawBiasTile::read_rows<Element>(raw, warp_row, key0 % kTile / 8 + nt, lane, tb[nt], tb[nt + 1]);
+      static_assert(kPassTiles == 2, "one ldmatrix_x4 of bias a pass");
+      if constexpr (T::kBiasInRegs) {
+        RawBiasTile::unpack_rows<Element>(bias_words[pass], tb[0], tb[1]);
+      } else {
+        const int key0 = pass * T::kKeyPass;
+        RawBiasTile::read_rows<Element>(sRaw + key0 / kTile * kTile * kTile, warp_row, key0 % kTile / 8, lane,
+                                        tb[0], tb[1]);
       }
       // Without recomputed rows in the warp, row_log_sum is 0: x - row_max alone is the same
       // value (one instruction per score less).

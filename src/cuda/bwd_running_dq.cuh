@@ -88,13 +88,14 @@ __device__ __forceinline__ float2* running_dq_at(float* my_dq, int r, int d, int
   return reinterpret_cast<float2*>(my_dq + r * 8 * kHeadDim + dq_chunk<kHeadDim / 8>(lane / 4, d) * 8);
 }
 
-// acc_dq = those elements, or 0 where the sum starts (`accumulate` false).
+// acc_dq = those elements of column tiles d0 .. d0 + kDTiles - 1, or 0 where the sum starts
+// (`accumulate` false).
 template <int kDTiles, int kHeadDim>
 __device__ __forceinline__ void read_running_dq(float (&acc_dq)[kDTiles][4], float* my_dq, bool accumulate,
-                                                int lane) {
+                                                int lane, int d0 = 0) {
   for (int d = 0; d < kDTiles; ++d) {
-    const float2 prev = accumulate ? *running_dq_at<kHeadDim>(my_dq, 0, d, lane) : make_float2(0.0f, 0.0f);
-    const float2 prev8 = accumulate ? *running_dq_at<kHeadDim>(my_dq, 1, d, lane) : make_float2(0.0f, 0.0f);
+    const float2 prev = accumulate ? *running_dq_at<kHeadDim>(my_dq, 0, d0 + d, lane) : make_float2(0.0f, 0.0f);
+    const float2 prev8 = accumulate ? *running_dq_at<kHeadDim>(my_dq, 1, d0 + d, lane) : make_float2(0.0f, 0.0f);
     acc_dq[d][0] = prev.x;
     acc_dq[d][1] = prev.y;
     acc_dq[d][2] = prev8.x;
@@ -102,19 +103,19 @@ __device__ __forceinline__ void read_running_dq(float (&acc_dq)[kDTiles][4], flo
   }
 }
 
-// acc_dq (a warp's 16 query rows from `warp_q`) += dS K over kKeys keys: A is dS^T
-// ([key][query], row stride kDsStride) read transposed, B is K ([key][d], kRowStride) read
-// transposed (k = key, n = d).
+// acc_dq (a warp's 16 query rows from `warp_q`, columns from `col0`) += dS K over kKeys keys: A
+// is dS^T ([key][query], row stride kDsStride) read transposed, B is K ([key][d], kRowStride)
+// read transposed (k = key, n = d).
 template <typename Element, int kKeys, int kDTiles, int kDsStride, int kRowStride>
 __device__ __forceinline__ void add_ds_k(float (&acc_dq)[kDTiles][4], const Element* sdS, const Element* sK,
-                                         int warp_q, int lane) {
+                                         int warp_q, int lane, int col0 = 0) {
   for (int kk = 0; kk < kKeys / 16; ++kk) {
     uint32_t a[4];
     ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * kDsStride + warp_q + ((lane >> 3) & 1) * 8);
     for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
       uint32_t kb[4];
       const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      ldmatrix_x4_trans(kb, sK + key * kRowStride + dp2 * 16 + (lane >> 4) * 8);
+      ldmatrix_x4_trans(kb, sK + key * kRowStride + col0 + dp2 * 16 + (lane >> 4) * 8);
       mma_16816<Element>(acc_dq[2 * dp2], a, {kb[0], kb[1]});
       mma_16816<Element>(acc_dq[2 * dp2 + 1], a, {kb[2], kb[3]});
     }
@@ -139,16 +140,17 @@ __device__ __forceinline__ void store_running_dq(const float (&acc_dq)[kDTiles][
   }
 }
 
-// The last key tile's dQ rows `row` + g (+8) of (b, n, h): acc_dq times scale, in the output
-// dtype.
+// The last key tile's dQ rows `row` + g (+8) of (b, n, h), columns from `col0`: acc_dq times
+// scale, in the output dtype.
 template <typename Element, int kDTiles>
 __device__ __forceinline__ void store_dq_rows(const float (&acc_dq)[kDTiles][4], const BwdParams& p,
                                               const LaunchPlan& plan, int64_t b, int64_t n, int64_t h, int64_t row,
-                                              int lane) {
+                                              int lane, int col0 = 0) {
   const float scale[2] = {p.scale, p.scale};
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
-  store_acc_rows<Element, kDTiles>(acc_dq, dq, p.dq_stride.l, p.dq_stride.d, row, p.Lq, p.D, plan.pairs_dq, lane,
-                                   scale);
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h +
+                col0 * p.dq_stride.d;
+  store_acc_rows<Element, kDTiles>(acc_dq, dq, p.dq_stride.l, p.dq_stride.d, row, p.Lq, p.D - col0, plan.pairs_dq,
+                                   lane, scale);
 }
 
 }  // namespace evoattn::cuda

@@ -187,6 +187,11 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
                                                : cuda::dkdv_blocks_per_sm(bucket, cuda::dkdv_no_tile(p, bucket));
       plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(cuda::dq_pool_rows(p), int64_t{sms} * blocks_per_sm));
       plan.dq_in_smem = !plan.dkdv_wide && plan.k_tiles > 1 && dq_fits_smem(p, plan, allowed);
+      // Head dim 64: two key tiles a block where its resident running dQ fits the GPU (H100: Lq
+      // up to 384).
+      plan.dkdv_key_pairs = bucket == 64 && plan.k_tiles % 2 == 0 && !plan.dq_in_smem &&
+                            cuda::dkdv_smem_bytes_resident_dq(plan, bucket, false, 2) <= allowed;
+      if (plan.dkdv_key_pairs) plan.dq_in_smem = true;
     }
   }
   return plan;
@@ -261,6 +266,9 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
         return cuda::run_bwd_dkdv_wide<Element, kHeadDim>(p, plan, stream);
       }
     }
+    if constexpr (kFast && kHeadDim == 64) {  // gen_instantiations.py's DKDV_KEY_PAIRS_HEAD_DIMS
+      if (plan.dkdv_key_pairs) return cuda::run_bwd_dkdv<Element, kHeadDim, true, false, 2>(p, plan, stream);
+    }
     return cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream);
   };
   if (cudaError_t e = run_dkdv()) return e;
@@ -272,7 +280,7 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
                           : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
                                                      layout.partial_offset[slot]);
     const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, partials);
-    if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's PAIR_BIAS_HEAD_DIMS
+    if constexpr (kFast && (kHeadDim == 32 || kHeadDim == 64)) {  // gen_instantiations.py's PAIR_BIAS_HEAD_DIMS
       if (plan.tile_fast_slot >= 0 && cuda::pair_bias_key_pairs(p, plan, task)) {
         if (cudaError_t e = cuda::run_bwd_pair_bias<Element, kHeadDim>(p, plan, task, stream)) return e;
         continue;

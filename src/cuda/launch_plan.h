@@ -97,6 +97,11 @@ struct LaunchPlan {
   // bwd_launch_plan): dq_in_smem is off then. The call takes it where it also has the fast path
   // with a fast tile (16-byte aligned data); else the 16-key kernel runs, on the running-dQ pool.
   bool dkdv_wide;
+  // Whether the fused dK/dV runs in blocks of two key tiles (eight 16-key warps, one block per
+  // SM) with the running dQ in shared memory: head-dim bucket 64, an even key-tile count, where
+  // that fits (bwd_launch_plan; dq_in_smem is on then). The call takes it on the fast path;
+  // else the 16-key kernel runs, its running dQ in shared memory too, one block per SM.
+  bool dkdv_key_pairs;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x blocks per SM) >= 1: bwd_launch_plan
@@ -215,27 +220,28 @@ constexpr int fwd_groups_for(int head_dim, size_t smem) {
 // `groups` groups per block; make_launch_plan sets it for 2.
 void set_fwd_groups(LaunchPlan& plan, const FwdParams& p, int groups);
 
-// Shared memory of the 16-bit dK/dV kernel for a head-dim bucket (BwdKeyTraits): K, V, two
-// stages of Q, dO and their row statistics, the float bias tile (not in the instantiation
-// without tile-bias code, `no_tile`) and key biases; with `fused_dq` also dS^T (64 x 72
-// elements) and the running dQ (floats, rows of the bucket): of one query tile (64 rows,
-// `dq_rows` = 0), or of all `dq_rows` query rows (LaunchPlan::dq_in_smem).
+// Shared memory of the 16-bit dK/dV kernel for a head-dim bucket (BwdKeyTraits) and
+// `key_tiles` key tiles a block: K, V, two stages of Q, dO and their row statistics, the float
+// bias tile (not in the instantiation without tile-bias code, `no_tile`) and key biases; with
+// `fused_dq` also dS^T (64 x 72 elements a key tile) and the running dQ (floats, rows of the
+// bucket): of one query tile (64 rows, `dq_rows` = 0), or of all `dq_rows` query rows
+// (LaunchPlan::dq_in_smem).
 constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq, bool no_tile = false,
-                                 int64_t dq_rows = 0) {
+                                 int64_t dq_rows = 0, int key_tiles = 1) {
   const size_t seq = size_t{kTile} * (head_dim + 8) * 2;
   // The bias tile: the generic float [64 x 68] or two stages of the raw [64 x 72] (as many bytes
-  // as 64 x 72 floats).
-  const size_t tile = no_tile ? 0 : size_t{kTile} * (kTile + 8);
-  const size_t base = 6 * seq + (tile + kTile + 2 * 3 * kTile) * sizeof(float);
+  // as 64 x 72 floats), per key tile.
+  const size_t tile = no_tile ? 0 : key_tiles * size_t{kTile} * (kTile + 8);
+  const size_t base = (2 * key_tiles + 4) * seq + (tile + key_tiles * kTile + 2 * 3 * kTile) * sizeof(float);
   const size_t rows = dq_rows > 0 ? static_cast<size_t>(dq_rows) : size_t{kTile};
-  const size_t fused = size_t{kTile} * (kTile + 8) * 2 + rows * head_dim * sizeof(float);
+  const size_t fused = key_tiles * size_t{kTile} * (kTile + 8) * 2 + rows * head_dim * sizeof(float);
   return base + (fused_dq ? fused : 0);
 }
 
 // dkdv_smem_bytes of the fused dK/dV holding the running dQ of all plan.q_tiles query tiles
 // (LaunchPlan::dq_in_smem): what the launch reserves, and what decides whether it fits.
-inline size_t dkdv_smem_bytes_resident_dq(const LaunchPlan& plan, int head_dim, bool no_tile) {
-  return dkdv_smem_bytes(head_dim, true, no_tile, int64_t{plan.q_tiles} * kTile);
+inline size_t dkdv_smem_bytes_resident_dq(const LaunchPlan& plan, int head_dim, bool no_tile, int key_tiles = 1) {
+  return dkdv_smem_bytes(head_dim, true, no_tile, int64_t{plan.q_tiles} * kTile, key_tiles);
 }
 
 // Running-dQ slots a fused dK/dV may use for this shape: min(B N H, kMaxDqSlots, what dQ's share
@@ -318,12 +324,12 @@ inline bool rows_task_over_n(const RowsTask& t, const LaunchPlan& plan) {
          (plan.tile_slots == 0 || plan.tile_shared_over_n);
 }
 // Whether such a task runs in blocks of two key tiles (bwd_pair_bias_kernel.cuh): 16-bit inputs
-// with D 24 or 32 (head-dim bucket 32 with 16-byte rows), one tile bias whose layout the fast
-// tile path takes, and an even key-tile count (a pair is never half empty; odd counts were not
-// measured). From the descriptors, not the data, as chunk_count and the workspace query use it
-// too; the call also needs the fast path and an aligned tile (bwd_fast_path, tile_fast_slot).
+// with D 24 to 64 in 16-byte rows (head-dim buckets 32 and 64), one tile bias whose layout the
+// fast tile path takes, and an even key-tile count (a pair is never half empty; odd counts were
+// not measured). From the descriptors, not the data, as chunk_count and the workspace query use
+// it too; the call also needs the fast path and an aligned tile (bwd_fast_path, tile_fast_slot).
 inline bool pair_bias_key_pairs(const FwdParams& p, const LaunchPlan& plan, const RowsTask& t) {
-  return p.D > 16 && p.D <= 32 && p.D % 8 == 0 && one_fast_layout_tile(p) && plan.k_tiles % 2 == 0 &&
+  return p.D > 16 && p.D <= 64 && p.D % 8 == 0 && one_fast_layout_tile(p) && plan.k_tiles % 2 == 0 &&
          rows_task_over_n(t, plan);
 }
 

@@ -55,6 +55,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_dkdv_wide_fp16_hdim32.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim64_fast.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim64_generic.cu
+  cuda/instantiations/bwd_dkdv_fp16_hdim64_fast_keypairs.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim128_fast.cu
   cuda/instantiations/bwd_dkdv_fp16_hdim128_generic.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim16_fast.cu
@@ -65,6 +66,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_dkdv_wide_bf16_hdim32.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim64_fast.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim64_generic.cu
+  cuda/instantiations/bwd_dkdv_bf16_hdim64_fast_keypairs.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim128_fast.cu
   cuda/instantiations/bwd_dkdv_bf16_hdim128_generic.cu
   cuda/instantiations/bwd_rows_fp16_hdim16_fast.cu
@@ -74,6 +76,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_pair_bias_fp16_hdim32.cu
   cuda/instantiations/bwd_rows_fp16_hdim64_fast.cu
   cuda/instantiations/bwd_rows_fp16_hdim64_generic.cu
+  cuda/instantiations/bwd_pair_bias_fp16_hdim64.cu
   cuda/instantiations/bwd_rows_fp16_hdim128_fast.cu
   cuda/instantiations/bwd_rows_fp16_hdim128_generic.cu
   cuda/instantiations/bwd_rows_bf16_hdim16_fast.cu
@@ -83,6 +86,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/bwd_pair_bias_bf16_hdim32.cu
   cuda/instantiations/bwd_rows_bf16_hdim64_fast.cu
   cuda/instantiations/bwd_rows_bf16_hdim64_generic.cu
+  cuda/instantiations/bwd_pair_bias_bf16_hdim64.cu
   cuda/instantiations/bwd_rows_bf16_hdim128_fast.cu
   cuda/instantiations/bwd_rows_bf16_hdim128_generic.cu
   cuda/instantiations/fwd_tf32_hdim16.cu

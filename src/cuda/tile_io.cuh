@@ -502,6 +502,13 @@ struct SwizzledRows32 {
   static constexpr int kRowElems = 32;
   __device__ static int at(int row, int chunk) { return row * kRowElems + ((chunk ^ ((row >> 1) & 3)) << 3); }
 };
+// Rows of 64 16-bit elements (128 bytes, eight chunks), chunk c of row r at c ^ (r % 8): the 8
+// rows of one ldmatrix matrix fall in distinct bank groups, and 8 threads' cp.async of one row
+// fill one line. The head-dim-64 bucket's rows, and RawBiasTile's.
+struct SwizzledRows64 {
+  static constexpr int kRowElems = 64;
+  __device__ static int at(int row, int chunk) { return row * kRowElems + ((chunk ^ (row & 7)) << 3); }
+};
 
 // The fast tile's raw [64 x 64] bias (input dtype, natural units) staged in shared memory by
 // cp.async: no float conversion pass, no registers across the tile, and ldmatrix reads an 8x8
@@ -513,20 +520,31 @@ struct SwizzledRows32 {
 // layout's 64 x 72 allocation: shrinking it changes every kernel's shared-memory size.
 struct RawBiasTile {
   static constexpr int kElems = kTile * (kTile + 8);  // one stage's allocation
-  __device__ static int at(int row, int chunk) { return row * kTile + ((chunk ^ (row & 7)) << 3); }
+  static_assert(SwizzledRows64::kRowElems == kTile, "a tile row is 64 elements");
+  __device__ static int at(int row, int chunk) { return SwizzledRows64::at(row, chunk); }
+
+  // read_rows' raw words (two 16-bit values each), for a caller that holds them in registers.
+  __device__ __forceinline__ static void read_rows_raw(const uint16_t* tile, int row0, int nt, int lane,
+                                                       uint32_t (&w)[4]) {
+    // Matrix m = lane / 8: rows row0 + 8 (m % 2) .. + 7, key chunk nt + m / 2.
+    ldmatrix_x4(w, tile + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, nt + (lane >> 4)));
+  }
+  template <typename Element>
+  __device__ __forceinline__ static void unpack_rows(const uint32_t (&w)[4], float (&v0)[4], float (&v1)[4]) {
+    unpack_bias_pair<Element>(w[0], v0[0], v0[1]);
+    unpack_bias_pair<Element>(w[1], v0[2], v0[3]);
+    unpack_bias_pair<Element>(w[2], v1[0], v1[1]);
+    unpack_bias_pair<Element>(w[3], v1[2], v1[3]);
+  }
 
   // The bias of a warp's S accumulators (rows = queries row0 + g, + 8; columns = keys 8 nt + 2t,
   // + 1) for column tiles nt and nt + 1 (nt even): v0 for nt, v1 for nt + 1.
   template <typename Element>
   __device__ __forceinline__ static void read_rows(const uint16_t* tile, int row0, int nt, int lane,
                                                    float (&v0)[4], float (&v1)[4]) {
-    // Matrix m = lane / 8: rows row0 + 8 (m % 2) .. + 7, key chunk nt + m / 2.
     uint32_t w[4];
-    ldmatrix_x4(w, tile + at(row0 + (lane & 7) + ((lane >> 3) & 1) * 8, nt + (lane >> 4)));
-    unpack_bias_pair<Element>(w[0], v0[0], v0[1]);
-    unpack_bias_pair<Element>(w[1], v0[2], v0[3]);
-    unpack_bias_pair<Element>(w[2], v1[0], v1[1]);
-    unpack_bias_pair<Element>(w[3], v1[2], v1[3]);
+    read_rows_raw(tile, row0, nt, lane, w);
+    unpack_rows<Element>(w, v0, v1);
   }
 
   // The bias of a warp's S^T accumulators (rows = keys key0 + g, + 8; columns = queries 8 nt +

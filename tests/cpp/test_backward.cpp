@@ -46,13 +46,20 @@ std::vector<Case> grid() {
     cases.push_back(shape(1, 64, 4, 40, 392, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(1, 128, 2, 70, 200, 24, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(2, 2, 2, 70, 200, 24, dt).biases("bn11k", "b1hqk").grads(false, true));
-    // The pair-bias gradient in blocks of two key tiles (D = 24 or 32, an even key-tile count;
+    // The pair-bias gradient in blocks of two key tiles (D = 24 to 64, an even key-tile count;
     // the two Lk = 200 cases above too, writing the gradient directly): a last tile of 48 keys,
-    // two query tiles, the second partial; chunked into partials (N = 16 at D = 32, N = 32 at
-    // D = 24) or written directly (N = 4).
+    // two query tiles, the second partial; chunked into partials (N = 16 at D = 32 and 64,
+    // N = 32 at D = 24) or written directly (N = 4; at D = 48 the rows' last two chunks empty).
     cases.push_back(shape(1, 16, 2, 100, 240, 32, dt).biases("bn11k", "b1hqk").grads(false, true));
     cases.push_back(shape(1, 4, 2, 100, 240, 32, dt).biases("bn11k", "b1hqk").grads(false, true));
     cases.push_back(shape(1, 32, 2, 100, 240, 24, dt).biases("bn11k", "b1hqk").grads(false, true));
+    cases.push_back(shape(1, 16, 2, 100, 240, 64, dt).biases("bn11k", "b1hqk").grads(false, true));
+    cases.push_back(shape(1, 4, 2, 100, 240, 48, dt).biases("bn11k", "b1hqk").grads(true, true));
+    // The fused dK/dV in blocks of two key tiles (head-dim bucket 64, an even key-tile count; on
+    // an H100 the running dQ in shared memory): two key blocks, the last with 8 keys; at D = 48
+    // the dQ half of warps 4..7 is 16 columns wide.
+    cases.push_back(shape(1, 32, 8, 40, 200, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(1, 64, 4, 70, 200, 48, dt).biases("bn11k", "b1hqk").grads(true, true));
     // B N H = 512, more than the running-dQ slots a GPU holds (an H100: 396 at D = 16): blocks
     // reuse the slots of finished ones where the sum is in the workspace (SmallGpuVariants).
     cases.push_back(shape(1, 256, 2, 70, 72, 16, dt).biases("bn11k", "b1hqk").grads(false, true));
