@@ -38,7 +38,8 @@ if want sanitize; then
   # B2N1H2 Lq136 Lk72), the head-dim-24 own-tile forward with and
   # without key biases (B2N1H2 Lq80 Lk136 / Lk128 D24), the dK/dV kernel with warps of 32 keys
   # (B1N64H4 Lq40Lk392, B1N128H2 Lq70Lk200 D24), the pair-bias gradient in blocks of two key
-  # tiles (B1N16H2 Lq100Lk240, and the Lk200 cases), the pair-bias gradient's walk over n at
+  # tiles (B1N16H2 Lq100Lk240 at D 32 and 64, B1N4H2 D48, and the Lk200 cases), the dK/dV
+  # kernel in blocks of two key tiles (B1N32H8 D64, B1N64H4 D48), the pair-bias gradient's walk over n at
   # head dim 64 with one barrier per n (B1N8H2 Lq64Lk64 D64), infinite and -1e9 pair biases, and
   # the TF32 forward.
   tests="$BUILD/tests/cpp/evoattn_tests"

@@ -231,14 +231,8 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
       for (int kk = 0; kk < kKSteps; ++kk) {
         for (int np = 0; np < kPassTiles / 2; ++np) {
           const int key = pass * T::kKeyPass + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          const int off = Rows::at(key, 2 * kk + ((lane >> 3) & 1));
-          uint32_t kb[4], vb[4];
-          ldmatrix_x4(kb, Ks + off);
-          ldmatrix_x4(vb, Vs + off);
-          mma_16816<Element>(s[2 * np], q_frag[kk], {kb[0], kb[1]});
-          mma_16816<Element>(s[2 * np + 1], q_frag[kk], {kb[2], kb[3]});
-          mma_16816<Element>(dp[2 * np], do_frag[kk], {vb[0], vb[1]});
-          mma_16816<Element>(dp[2 * np + 1], do_frag[kk], {vb[2], vb[3]});
+          s_dp_key_pair<Element>(s[2 * np], s[2 * np + 1], dp[2 * np], dp[2 * np + 1], q_frag[kk], do_frag[kk], Ks,
+                                 Vs, Rows::at(key, 2 * kk + ((lane >> 3) & 1)));
         }
       }
       // The pass's bias: its raw tile, and its first 8-key column tile in it.

@@ -307,14 +307,8 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
       if constexpr (!kDq) read_q_frags(kk);
       for (int np = 0; np < kNTiles / 2; ++np) {
         const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        const int off = key * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
-        uint32_t kb[4], vb[4];
-        ldmatrix_x4(kb, Ks + off);
-        ldmatrix_x4(vb, Vs + off);
-        mma_16816<Element>(s[2 * np], q_frag[kk], {kb[0], kb[1]});
-        mma_16816<Element>(s[2 * np + 1], q_frag[kk], {kb[2], kb[3]});
-        mma_16816<Element>(dp[2 * np], do_frag[kk], {vb[0], vb[1]});
-        mma_16816<Element>(dp[2 * np + 1], do_frag[kk], {vb[2], vb[3]});
+        s_dp_key_pair<Element>(s[2 * np], s[2 * np + 1], dp[2 * np], dp[2 * np + 1], q_frag[kk], do_frag[kk], Ks, Vs,
+                               key * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8);
       }
     }
     // Key biases are stored times log2(e); the tile in natural units. float2 reads: a row

@@ -159,4 +159,19 @@ __device__ __forceinline__ void accumulators_to_a(const float (&lo)[4], const fl
   a[3] = pack2<Element>(hi[2], hi[3]);
 }
 
+// One k-step of the query-side backward's S = Q K^T and dP = dO V^T for the two 8-key column
+// tiles of 16 keys: K and V rows (the B operands, not transposed) read by ldmatrix at `off`.
+template <typename Element>
+__device__ __forceinline__ void s_dp_key_pair(float (&s0)[4], float (&s1)[4], float (&dp0)[4], float (&dp1)[4],
+                                              const uint32_t (&q)[4], const uint32_t (&d_o)[4], const Element* Ks,
+                                              const Element* Vs, int off) {
+  uint32_t kb[4], vb[4];
+  ldmatrix_x4(kb, Ks + off);
+  ldmatrix_x4(vb, Vs + off);
+  mma_16816<Element>(s0, q, {kb[0], kb[1]});
+  mma_16816<Element>(s1, q, {kb[2], kb[3]});
+  mma_16816<Element>(dp0, d_o, {vb[0], vb[1]});
+  mma_16816<Element>(dp1, d_o, {vb[2], vb[3]});
+}
+
 }  // namespace evoattn::cuda
