@@ -111,9 +111,13 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   // The warp's key tile of the block, and its rows there (kKeyTiles = 1: 0 and warp_row).
   const int key_tile = kKeyTiles == 1 ? 0 : warp / 4, tile_row = kKeyTiles == 1 ? warp_row : warp_row % kTile;
 
-  // Key blocks (kKeyTiles key tiles each) [kt_first, kt_end) of one (b, n, h).
+  // Key blocks (kKeyTiles key tiles each) [kt_first, kt_end) of one (b, n, h). Two key tiles a
+  // block run only fused with the whole running dQ resident (run_bwd_dkdv checks the plan), so
+  // their instantiation has no unfused walk and no workspace running dQ (whose copies assume
+  // 128 threads).
+  constexpr bool kResidentDqOnly = kKeyTiles != 1;
   int64_t block = blockIdx.x;
-  const bool fuse_dq = T::kFusesDq && plan.fuse_dq;
+  const bool fuse_dq = T::kFusesDq && (kResidentDqOnly || plan.fuse_dq);
   int kt_first = 0, kt_end = kKeyTiles == 1 ? plan.k_tiles : (plan.k_tiles + kKeyTiles - 1) / kKeyTiles;
   if (!fuse_dq) {
     kt_first = static_cast<int>(block % plan.k_tiles);
@@ -134,7 +138,7 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   // The running dQ of this (b, n, h) in a slot of the workspace pool (claim_dq_slot), unless
   // all of it stays in shared memory.
   float* dq_accum = nullptr;
-  const bool dq_in_smem = fuse_dq && plan.dq_in_smem;
+  const bool dq_in_smem = fuse_dq && (kResidentDqOnly || plan.dq_in_smem);
   if (fuse_dq && !dq_in_smem && plan.dq_accum != nullptr) {
     // dS^T is first stored after a barrier.
     dq_accum = claim_dq_slot<T::kMinBlocksPerSm>(p, plan, reinterpret_cast<int*>(sdS), tid);
@@ -365,7 +369,7 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
             for (int d = 0; d < kDqTiles; ++d) {
               *running_dq_at<kHeadDim>(my_dq, r, d0 + d, lane) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
             }
-        } else if constexpr (kKeyTiles == 1) {
+        } else if constexpr (!kResidentDqOnly) {
           store_running_dq<kDTiles>(acc_dq, dq_accum, i0 + warp_row, p.Lq, plan, lane);
         }
       }
