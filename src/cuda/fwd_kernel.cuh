@@ -53,9 +53,11 @@ struct FwdTraits {
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 || kWarpMTiles == 2 ? 2 : 1;
   // One block per SM (head dim >= 64, four-warp groups) walks several work items, starting
   // each item's loads during the previous item's last key tile: H100, tri256d64 forward 7%
-  // faster. At two blocks per SM the other block hides an item's start, and the walk's extra
-  // live registers cost the 128-register loop 10-20%.
-  static constexpr bool kPersistent = kMinBlocksPerSm == 1;
+  // faster. So do the wide-warp blocks (two per SM; each warp loads its own rows of the next
+  // item's Q after its last QK^T): tri256d64 forward 2% faster, the next item's loads and this
+  // one's O stores in flight together. At D <= 32 the other block hides an item's start, and
+  // the walk's extra live registers cost the 128-register loop 10-20%.
+  static constexpr bool kPersistent = kMinBlocksPerSm == 1 || kWarpMTiles == 2;
   // Per-tile instruction cuts (kLeanTile): without a tile bias the tile buffers hold zeros and
   // are read unconditionally (no zeroing of the predicated reads' registers, 15 CS2R a tile), and
   // each row's four max / sum partials start from the first four column tiles (16 FMNMX /
@@ -90,9 +92,9 @@ struct FwdTraits {
                 "pair_over_k hands groups 1.. their partial results over the K buffer");
   // Two row tiles a warp: groups of two warps, each group's keys biases loaded by both (one key
   // a lane), the shared raw tile copied by the block's 128 threads; no pair_over_k merge. Q's
-  // fragments are read from shared memory every key tile (see kQInRegs), which a block walking
-  // items would have to guard: wide-warp blocks take one item each.
-  static_assert(kWarpMTiles == 1 || (kWarpMTiles == 2 && kThreads == 128 && !kPersistent),
+  // fragments are read from shared memory every key tile (see kQInRegs), so each warp copies
+  // its own rows of Q, and the next item's only after its last read of them.
+  static_assert(kWarpMTiles == 1 || (kWarpMTiles == 2 && kThreads == 128),
                 "wide warps: 2 groups, two blocks per SM");
 };
 
@@ -267,29 +269,49 @@ __global__ void __launch_bounds__(
   RawBiasTileStream<Index> raw_tile;
   KeyBiasStream<Index> key_bias;
   // Key tiles are copied in order: j is the start of the next one.
-  auto copy_kv = [&](int s, int64_t j) {
+  // which: 1 = K, 2 = V, 3 = both.
+  auto copy_kv = [&](int s, int64_t j, int which = 3) {
     Element* k_tile = myK + s * kBlockN * kRowStride;
     Element* v_tile = myV + s * kBlockN * kRowStride;
     if constexpr (kFast) {
       const int lk = static_cast<int>(p.Lk), j32 = static_cast<int>(j);
-      k_copy.copy_next(k_tile, static_cast<const Element*>(p.k), j32, lk, static_cast<int>(p.k_stride.l));
-      v_copy.copy_next(v_tile, static_cast<const Element*>(p.v), j32, lk, static_cast<int>(p.v_stride.l));
+      if (which & 1) k_copy.copy_next(k_tile, static_cast<const Element*>(p.k), j32, lk, static_cast<int>(p.k_stride.l));
+      if (which & 2) v_copy.copy_next(v_tile, static_cast<const Element*>(p.v), j32, lk, static_cast<int>(p.v_stride.l));
     } else {
       k_copy.copy_next(k_tile, j, p.Lk, p.k_stride.l, p.k_stride.d, p.D, vec_k, p.k, group_tid);
       v_copy.copy_next(v_tile, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D, vec_v, p.v, group_tid);
     }
   };
+  // Wide warps copy the next tile's K (and key biases) after the barrier, its V and raw bias
+  // tile after this tile's QK^T: the copies of a thread no longer queue up in one burst, whose
+  // address registers the next instructions then waited to reuse (H100, same-run A/B: tri256d64
+  // forward 0.2052 -> 0.2008 ms).
+  constexpr bool kLateVAndTile = kMT == 2;
   // An item's Q into the group's Q buffer (the caller commits).
+  // The fast path's copy is unrolled in 32-bit offsets: the generic loop's 64-bit index math
+  // was ~250 instructions a warp and item, 5.6% of the D = 64 forward's stall samples (ncu).
   auto load_q = [&](const Item& item) {
-    load_rows_to_smem<Element, kBlockM, kSmemHeadDim, T::kGroupThreads>(
-        myQ, row_ptr<Element>(p.q, p.q_stride, item.b, item.n, item.h), item.i0, p.Lq, p.D, vec_q,
-        group_tid);
+    if constexpr (kMT == 2) {
+      static_assert(kFast, "wide warps: the fast path only");
+      copy_seq_tile32<Element, T::kWarpRows, kSmemHeadDim, 32>(
+          myQ + warp_row * kRowStride, static_cast<const Element*>(p.q),
+          bnh_offset(p.q_stride, item.b, item.n, item.h), item.i0 + warp_row, static_cast<int>(p.Lq),
+          static_cast<int>(p.q_stride.l), p.D, lane);
+    } else if constexpr (kFast) {
+      copy_seq_tile32<Element, kBlockM, kSmemHeadDim, T::kGroupThreads>(
+          myQ, static_cast<const Element*>(p.q), bnh_offset(p.q_stride, item.b, item.n, item.h),
+          item.i0, static_cast<int>(p.Lq), static_cast<int>(p.q_stride.l), p.D, group_tid);
+    } else {
+      load_rows_to_smem<Element, kBlockM, kSmemHeadDim, T::kGroupThreads>(
+          myQ, row_ptr<Element>(p.q, p.q_stride, item.b, item.n, item.h), item.i0, p.Lq, p.D, vec_q,
+          group_tid);
+    }
   };
   // Starts an item: its Q, its first K/V tile into stage `s`, the raw bias of its first tile,
   // its first key biases (the caller commits).
-  auto begin_item = [&](const Item& item, int s) {
+  auto begin_item = [&](const Item& item, int s, bool with_q = true) {
     const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
-    load_q(item);
+    if (with_q) load_q(item);
     if constexpr (kFast) {
       auto stream = [&](const SeqStrides& st) {
         return KVCopy(bnh_offset(st, item.b, item.n, item.h), j_begin, static_cast<int>(st.l), p.D, group_tid);
@@ -362,14 +384,14 @@ __global__ void __launch_bounds__(
       if (it + 1 < cur.k_iters) {
         // The key bias first: issued behind the tile loads, its register's reuse waited for them.
         if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
-        copy_kv(stage ^ 1, j0 + kBlockN);
-        if (fast_tile && raw_copier) {
+        copy_kv(stage ^ 1, j0 + kBlockN, kLateVAndTile ? 1 : 3);
+        if (fast_tile && raw_copier && !kLateVAndTile) {
           raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
         }
         cp_async_commit();
       } else if (has_next && it > 0) {
         next = decode(next_blk);
-        begin_item(next, stage ^ 1);
+        begin_item(next, stage ^ 1, kMT == 1);
         cp_async_commit();
         next_begun = true;
       }
@@ -416,6 +438,13 @@ __global__ void __launch_bounds__(
             mma_16816<Element>(s[mt][2 * np + 1], qf[mt], {kf[2], kf[3]});
           }
         }
+      }
+      if (kLateVAndTile && it + 1 < cur.k_iters) {
+        copy_kv(stage ^ 1, j0 + kBlockN, 2);
+        if (fast_tile && raw_copier) {
+          raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
+        }
+        cp_async_commit();
       }
       if constexpr (kHalfKStep) {
         uint32_t qh[kMT][2];
@@ -523,6 +552,13 @@ __global__ void __launch_bounds__(
           }
         }
       }
+      if (kMT == 2 && next_begun) {
+        // The next item's Q rows of this warp, which only it reads: its reads of this item's are
+        // done (their results went through the softmax above).
+        __syncwarp();
+        load_q(next);
+        cp_async_commit();
+      }
       if (!one_barrier) __syncthreads();
     }
 
@@ -576,7 +612,45 @@ __global__ void __launch_bounds__(
         }
       }
     }
-    if (cur.active) {
+    // A whole query tile on the fast path: every O value is packed before the first store, so
+    // no register a store still has to read is reused (ncu: such waits were ~3% of the D = 64
+    // forward's samples), in 32-bit offsets, with no per-row test. H100, same-run A/B with the
+    // wide warps' walk: tri256d64 forward 0.2062 -> 0.2009 ms, tri256 0.0779 -> 0.0774.
+    const bool whole_tile = kFast && cur.i0 + kBlockM <= static_cast<Index>(p.Lq) && plan.pairs_o &&
+                            p.D == 8 * kDTiles;
+    if (cur.active && whole_tile) {
+      const Index o_row_stride = static_cast<Index>(p.o_stride.l);
+      Element* const o = static_cast<Element*>(p.o) + bnh_offset(p.o_stride, cur.b, cur.n, cur.h) +
+                         (cur.i0 + warp_row + g) * o_row_stride + 2 * t;
+      uint32_t packed[kMT][2][kDTiles];
+      float lse[kMT][2];
+      #pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        for (int r = 0; r < 2; ++r) {
+          const float sum = sums[mt][r];
+          const float inv = sum == 0.0f ? 0.0f : rcp_approx(sum);  // sum >= 1: the reference max counts 1
+          lse[mt][r] = row_lse(row_max[mt][r], sum);
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            packed[mt][r][dt] = pack2<Element>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+          }
+        }
+      }
+      if (t == 0 && p.lse != nullptr) {
+        float* const lse_row = p.lse + (cur.b * static_cast<Index>(p.lse_stride_b) +
+                                         cur.n * static_cast<Index>(p.lse_stride_n) +
+                                         cur.h * static_cast<Index>(p.lse_stride_h) +
+                                         (cur.i0 + warp_row + g) * static_cast<Index>(p.lse_stride_q));
+        #pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+          for (int r = 0; r < 2; ++r) lse_row[(16 * mt + 8 * r) * static_cast<Index>(p.lse_stride_q)] = lse[mt][r];
+      }
+      #pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        for (int r = 0; r < 2; ++r)
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            *reinterpret_cast<uint32_t*>(o + (16 * mt + 8 * r) * o_row_stride + 8 * dt) = packed[mt][r][dt];
+          }
+    } else if (cur.active) {
       Element* o_base = static_cast<Element*>(p.o) + (cur.b * static_cast<Index>(p.o_stride.b) +
                                                       cur.n * static_cast<Index>(p.o_stride.n) +
                                                       cur.h * static_cast<Index>(p.o_stride.h));
@@ -585,7 +659,7 @@ __global__ void __launch_bounds__(
         float inv[2];
         for (int r = 0; r < 2; ++r) {
           const float sum = sums[mt][r];
-          inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
+          inv[r] = sum == 0.0f ? 0.0f : rcp_approx(sum);  // sum >= 1: the reference max counts 1
           const Index i = cur.i0 + warp_row + 16 * mt + g + 8 * r;
           if (t == 0 && p.lse != nullptr && i < p.Lq) {
             p.lse[cur.b * static_cast<Index>(p.lse_stride_b) + cur.n * static_cast<Index>(p.lse_stride_n) +

@@ -70,7 +70,7 @@ __device__ __forceinline__ void online_softmax_lazy(const float (&local_max)[2],
 // row (sum 0).
 __device__ __forceinline__ float row_lse(float row_max, float sum) {
   const float m = row_max == neg_inf() ? 0.0f : row_max;
-  return sum == 0.0f ? neg_inf() : (m + __log2f(sum)) * kLn2;
+  return sum == 0.0f ? neg_inf() : (m + log2_approx(sum)) * kLn2;
 }
 
 }  // namespace evoattn::cuda

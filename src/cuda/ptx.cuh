@@ -134,6 +134,19 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// 1/x and log2(x) on the special-function unit (about 1 ulp), for normal x: the forward's row
+// sums. The IEEE forms add a refinement and a denormal branch per row.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two floats -> one register of two 16-bit elements (low half = first).
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
