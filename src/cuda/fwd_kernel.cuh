@@ -612,27 +612,19 @@ __global__ void __launch_bounds__(
         }
       }
     }
-    // A whole query tile on the fast path: every O value is packed before the first store, so
-    // no register a store still has to read is reused (ncu: such waits were ~3% of the D = 64
-    // forward's samples), in 32-bit offsets, with no per-row test. H100, same-run A/B with the
-    // wide warps' walk: tri256d64 forward 0.2062 -> 0.2009 ms, tri256 0.0779 -> 0.0774.
+    // A whole query tile on the fast path: O packed before the stores (store_acc_tiles_packed),
+    // in 32-bit offsets, with no per-row test. H100, same-run A/B with the wide warps' walk:
+    // tri256d64 forward 0.2062 -> 0.2009 ms, tri256 0.0779 -> 0.0774.
     const bool whole_tile = kFast && cur.i0 + kBlockM <= static_cast<Index>(p.Lq) && plan.pairs_o &&
                             p.D == 8 * kDTiles;
     if (cur.active && whole_tile) {
-      const Index o_row_stride = static_cast<Index>(p.o_stride.l);
-      Element* const o = static_cast<Element*>(p.o) + bnh_offset(p.o_stride, cur.b, cur.n, cur.h) +
-                         (cur.i0 + warp_row + g) * o_row_stride + 2 * t;
-      uint32_t packed[kMT][2][kDTiles];
-      float lse[kMT][2];
+      float inv[kMT][2], lse[kMT][2];
       #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         for (int r = 0; r < 2; ++r) {
           const float sum = sums[mt][r];
-          const float inv = sum == 0.0f ? 0.0f : rcp_approx(sum);  // sum >= 1: the reference max counts 1
+          inv[mt][r] = sum == 0.0f ? 0.0f : rcp_approx(sum);  // sum >= 1: the reference max counts 1
           lse[mt][r] = row_lse(row_max[mt][r], sum);
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            packed[mt][r][dt] = pack2<Element>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
-          }
         }
       }
       if (t == 0 && p.lse != nullptr) {
@@ -644,12 +636,17 @@ __global__ void __launch_bounds__(
         for (int mt = 0; mt < kMT; ++mt)
           for (int r = 0; r < 2; ++r) lse_row[(16 * mt + 8 * r) * static_cast<Index>(p.lse_stride_q)] = lse[mt][r];
       }
+      const int o_row_stride = static_cast<int>(p.o_stride.l);
+      Element* const o_rows = static_cast<Element*>(p.o) + bnh_offset(p.o_stride, cur.b, cur.n, cur.h) +
+                              (cur.i0 + warp_row + g) * o_row_stride + 2 * t;
+      Element* rows[kMT];
+      int strides[kMT];
       #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-        for (int r = 0; r < 2; ++r)
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            *reinterpret_cast<uint32_t*>(o + (16 * mt + 8 * r) * o_row_stride + 8 * dt) = packed[mt][r][dt];
-          }
+      for (int mt = 0; mt < kMT; ++mt) {
+        rows[mt] = o_rows + 16 * mt * o_row_stride;
+        strides[mt] = o_row_stride;
+      }
+      store_acc_tiles_packed<Element, kMT, kDTiles>(acc_o, rows, strides, inv);
     } else if (cur.active) {
       Element* o_base = static_cast<Element*>(p.o) + (cur.b * static_cast<Index>(p.o_stride.b) +
                                                       cur.n * static_cast<Index>(p.o_stride.n) +

@@ -676,6 +676,33 @@ __device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* k
 // Writes a warp's 16 x (8 * kDTiles) mma accumulator (C layout: rows g and g + 8, columns
 // 8 dt + 2t, +1) to rows row0 + g, row0 + g + 8 of a [.., L, .., D] tensor, row r scaled by
 // mul[r]. `pairs` = 4-byte stores of two adjacent elements are legal.
+// store_acc_rows for whole row tiles on the fast paths: kTiles tiles of 16 rows, tile i's rows
+// g and g + 8 at rows[i] (which points at its row g, column 2t; pairs storable, D = 8 kDTiles)
+// and + 8 row_stride[i], row r scaled by mul[i][r]; 32-bit strides. Every value is packed before
+// the first store, so no register a store has yet to read is written again behind it (ncu: such
+// long-scoreboard waits were ~3% of the D = 64 forward's stall samples and of the dK/dV
+// kernel's).
+template <typename Element, int kTiles, int kDTiles>
+__device__ __forceinline__ void store_acc_tiles_packed(const float (&acc)[kTiles][kDTiles][4],
+                                                       Element* const (&rows)[kTiles],
+                                                       const int (&row_stride)[kTiles],
+                                                       const float (&mul)[kTiles][2]) {
+  static_assert(sizeof(Element) == 2, "pairs of 16-bit elements");
+  uint32_t packed[kTiles][2][kDTiles];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i)
+    for (int r = 0; r < 2; ++r)
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        packed[i][r][dt] = pack2<Element>(acc[i][dt][2 * r] * mul[i][r], acc[i][dt][2 * r + 1] * mul[i][r]);
+      }
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i)
+    for (int r = 0; r < 2; ++r)
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        *reinterpret_cast<uint32_t*>(rows[i] + 8 * r * row_stride[i] + 8 * dt) = packed[i][r][dt];
+      }
+}
+
 template <typename Element, int kDTiles>
 __device__ __forceinline__ void store_acc_rows(const float (&acc)[kDTiles][4], Element* base,
                                                int64_t row_stride, int64_t d_stride, int64_t row0,
