@@ -38,15 +38,23 @@ constexpr float kRescaleSlack = 8.0f;
 // it, and the vote covers every lane; so the quad's shuffles run only on the rare path, off
 // the common path from the scores to their exponentials.
 // m_use: the max to exponentiate the tile against, 0 while every key so far is masked.
+// `first` (warp-uniform): the item's first scores, so O and the row sums are still zero and
+// every row with a finite score moves: the reference is set without the rescale's products.
 template <int kDTiles>
 __device__ __forceinline__ void online_softmax_lazy(const float (&local_max)[2], float (&row_max)[2],
                                                     float (&row_sum)[2], float (&acc_o)[kDTiles][4],
-                                                    float (&m_use)[2]) {
+                                                    float (&m_use)[2], bool first) {
   // The difference, not row_max + slack: near |row_max| = 2^27 that sum rounds (to +16, a tie)
   // and a tile 16 above would stay, with P = 2^16: inf in float16. Values this close subtract
   // exactly; -inf - -inf is NaN, which compares false (a masked row stays).
   const float rise[2] = {local_max[0] - row_max[0], local_max[1] - row_max[1]};
-  if (__any_sync(0xffffffffu, fmaxf(rise[0], rise[1]) > kRescaleSlack)) {
+  if (first) {
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = local_max[r];
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      row_max[r] = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));  // -inf: masked so far
+    }
+  } else if (__any_sync(0xffffffffu, fmaxf(rise[0], rise[1]) > kRescaleSlack)) {
     for (int r = 0; r < 2; ++r) {
       float tile_max = local_max[r];
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
