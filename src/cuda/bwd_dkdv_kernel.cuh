@@ -73,6 +73,10 @@ struct BwdKeyTraits {
   // unspilled at 255 (f+b 0.3-0.8% faster, PERF v21). Its no-tile (168) and generic variants
   // spill with them, and 32 at head dim 64 would too.
   static constexpr bool kHoldKeyFragments = kHeadDim == 32 && kFast && !kNoTile;
+  // Key pairs keep K, V, Q and dO in 128-byte rows with swizzled chunks (SwizzledRows64, in the
+  // padded rows' allocation): a warp's 16-byte cp.async into the padded 144-byte rows cost 10-11
+  // shared-memory wavefronts instead of 4 (ncu), ~6% of this kernel's shared-memory cycles.
+  static constexpr bool kSwizzled = kKeyTiles == 2;
   static_assert(kSmemBytesFused <= 227 * 1024, "shared memory per block on sm_90");
 };
 
@@ -108,6 +112,13 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
+  // kSwizzled: the element offset of 16-byte chunk `chunk` of row `row` in K, V, Q or dO, for
+  // this lane's ldmatrix rows: every fragment read below has row = lane (mod 8), which fixes the
+  // swizzle. (The padded layout's offsets are spelled out at each read.)
+  constexpr bool kSwizzled = T::kSwizzled;
+  auto swizzled_at = [&](int row, int chunk) {
+    return row * SwizzledRows64::kRowElems + ((chunk ^ (lane & 7)) << 3);
+  };
   // The warp's key tile of the block, and its rows there (kKeyTiles = 1: 0 and warp_row).
   const int key_tile = kKeyTiles == 1 ? 0 : warp / 4, tile_row = kKeyTiles == 1 ? warp_row : warp_row % kTile;
 
@@ -156,9 +167,9 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
     if constexpr (kFast) {
       const int row0 = qt * kBlockM, lq = static_cast<int>(p.Lq);
-      copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads>(sQ + s * T::kQueryElems,
+      copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads, kSwizzled>(sQ + s * T::kQueryElems,
           static_cast<const Element*>(p.q), bnh32(p.q_stride), row0, lq, static_cast<int>(p.q_stride.l), p.D, tid);
-      copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads>(sdO + s * T::kQueryElems,
+      copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads, kSwizzled>(sdO + s * T::kQueryElems,
           static_cast<const Element*>(p.d_o), bnh32(p.do_stride), row0, lq, static_cast<int>(p.do_stride.l), p.D, tid);
     } else {
       const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
@@ -198,9 +209,9 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
     if (kTwoBarriers && kt > kt_first) __syncthreads();
     if constexpr (kFast) {
       const int lk = static_cast<int>(p.Lk);
-      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads>(sK, static_cast<const Element*>(p.k),
+      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads, kSwizzled>(sK, static_cast<const Element*>(p.k),
           bnh32(p.k_stride), kt * kBlockN, lk, static_cast<int>(p.k_stride.l), p.D, tid);
-      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads>(sV, static_cast<const Element*>(p.v),
+      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads, kSwizzled>(sV, static_cast<const Element*>(p.v),
           bnh32(p.v_stride), kt * kBlockN, lk, static_cast<int>(p.v_stride.l), p.D, tid);
     } else {
       load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h), j0, p.Lk, p.D, plan.vec_k, tid);
@@ -273,7 +284,8 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
       }
       for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t ka[4], va[4];
-        const int a_off = (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
+        const int a_off = kSwizzled ? swizzled_at(warp_row + lane % 16, 2 * kk + lane / 16)
+                                    : (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
         if constexpr (T::kHoldKeyFragments) {
           if (step == 0) {  // K and V are in shared memory: the first query tile's barrier
             ldmatrix_x4(ka_held[kk], sK + a_off);
@@ -286,7 +298,8 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
         }
         for (int np = 0; np < kQTiles / 2; ++np) {
           const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          const int b_off = row * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
+          const int b_off = kSwizzled ? swizzled_at(row, 2 * kk + ((lane >> 3) & 1))
+                                      : row * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
           uint32_t qb[4], dob[4];
           ldmatrix_x4(qb, Qs + b_off);
           ldmatrix_x4(dob, dOs + b_off);
@@ -333,7 +346,8 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
         }
         for (int dq = 0; dq < kDTiles / 2; ++dq) {
           const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          const int off = row * kRowStride + dq * 16 + (lane >> 4) * 8;
+          const int off = kSwizzled ? swizzled_at(row, 2 * dq + (lane >> 4))
+                                    : row * kRowStride + dq * 16 + (lane >> 4) * 8;
           uint32_t dob[4], qb[4];
           ldmatrix_x4_trans(dob, dOs + off);
           ldmatrix_x4_trans(qb, Qs + off);
@@ -361,7 +375,7 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
         float* const my_dq = running_dq_row<kHeadDim>(sdQ, (dq_in_smem ? i0 : 0) + dq_row, lane);
         float acc_dq[kDqTiles][4];
         read_running_dq<kDqTiles, kHeadDim>(acc_dq, my_dq, accumulate_dq, lane, d0);
-        add_ds_k<Element, kBlockN, kDqTiles, kDsStride, kRowStride>(acc_dq, sdS, sK, dq_row, lane, 8 * d0);
+        add_ds_k<Element, kBlockN, kDqTiles, kDsStride, kRowStride, kSwizzled>(acc_dq, sdS, sK, dq_row, lane, 8 * d0);
         if (last_kt) {
           store_dq_rows<Element, kDqTiles>(acc_dq, p, plan, b, n, h, i0 + dq_row, lane, 8 * d0);
         } else if (dq_in_smem) {

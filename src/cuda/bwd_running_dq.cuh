@@ -105,8 +105,9 @@ __device__ __forceinline__ void read_running_dq(float (&acc_dq)[kDTiles][4], flo
 
 // acc_dq (a warp's 16 query rows from `warp_q`, columns from `col0`) += dS K over kKeys keys: A
 // is dS^T ([key][query], row stride kDsStride) read transposed, B is K ([key][d], kRowStride)
-// read transposed (k = key, n = d).
-template <typename Element, int kKeys, int kDTiles, int kDsStride, int kRowStride>
+// read transposed (k = key, n = d); kSwizzled: K in SwizzledRows64 rows (each lane's ldmatrix
+// rows are = lane mod 8).
+template <typename Element, int kKeys, int kDTiles, int kDsStride, int kRowStride, bool kSwizzled = false>
 __device__ __forceinline__ void add_ds_k(float (&acc_dq)[kDTiles][4], const Element* sdS, const Element* sK,
                                          int warp_q, int lane, int col0 = 0) {
   for (int kk = 0; kk < kKeys / 16; ++kk) {
@@ -115,7 +116,9 @@ __device__ __forceinline__ void add_ds_k(float (&acc_dq)[kDTiles][4], const Elem
     for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
       uint32_t kb[4];
       const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      ldmatrix_x4_trans(kb, sK + key * kRowStride + col0 + dp2 * 16 + (lane >> 4) * 8);
+      const int chunk = col0 / 8 + 2 * dp2 + (lane >> 4);  // kSwizzled
+      ldmatrix_x4_trans(kb, kSwizzled ? sK + key * SwizzledRows64::kRowElems + ((chunk ^ (lane & 7)) << 3)
+                                      : sK + key * kRowStride + col0 + dp2 * 16 + (lane >> 4) * 8);
       mma_16816<Element>(acc_dq[2 * dp2], a, {kb[0], kb[1]});
       mma_16816<Element>(acc_dq[2 * dp2 + 1], a, {kb[2], kb[3]});
     }

@@ -64,6 +64,14 @@ __device__ __forceinline__ void load_rows_to_smem(Element* smem, const RowPtr& s
   }
 }
 
+// Rows of 64 16-bit elements (128 bytes, eight chunks), chunk c of row r at c ^ (r % 8): the 8
+// rows of one ldmatrix matrix fall in distinct bank groups, and 8 threads' cp.async of one row
+// fill one line. RawBiasTile's rows, and K, V, Q and dO's in the key-pair dK/dV kernel.
+struct SwizzledRows64 {
+  static constexpr int kRowElems = 64;
+  __device__ static int at(int row, int chunk) { return row * kRowElems + ((chunk ^ (row & 7)) << 3); }
+};
+
 // How kThreads threads split a tile of kRows rows into 16-byte chunks: thread t copies chunk
 // t % kChunksPerRow of rows t / kChunksPerRow + k kRowsPerPass, k < kPasses.
 template <int kRows, int kHeadDim, int kThreads>
@@ -112,18 +120,22 @@ struct SeqTileCopy : SeqTileShape<kRows, kHeadDim, kThreads> {
 
 // SeqTileCopy's 16-byte path in 32-bit offsets (LaunchPlan::offsets32): rows [row0, row0 +
 // kRows) of the (b, n, h) at element offset `bnh` of `base`; rows >= num_rows zero-filled.
-template <typename Element, int kRows, int kHeadDim, int kThreads>
+// kSwizzled: into SwizzledRows64 rows (head dim 64) instead of padded ones.
+template <typename Element, int kRows, int kHeadDim, int kThreads, bool kSwizzled = false>
 __device__ __forceinline__ void copy_seq_tile32(Element* smem, const Element* base, int bnh,
                                                 int row0, int num_rows, int row_stride, int D,
                                                 int tid) {
   using Shape = SeqTileShape<kRows, kHeadDim, kThreads>;
+  static_assert(!kSwizzled || (kHeadDim == SwizzledRows64::kRowElems && Shape::kRowsPerPass % 8 == 0),
+                "swizzled rows: head dim 64, a pass keeps row % 8");
   const int row = tid / Shape::kChunksPerRow, d = (tid % Shape::kChunksPerRow) * 8;
   const int left = d < D ? num_rows - row0 - row : 0;
   const int first = bnh + (row0 + row) * row_stride + d;
 #pragma unroll
   for (int k = 0; k < Shape::kPasses; ++k) {
     const bool valid = k * Shape::kRowsPerPass < left;
-    cp_async_16(smem + (row + k * Shape::kRowsPerPass) * Shape::kRowStride + d,
+    const int r = row + k * Shape::kRowsPerPass;
+    cp_async_16(smem + (kSwizzled ? SwizzledRows64::at(r, d / 8) : r * Shape::kRowStride + d),
                 base + (valid ? first + k * Shape::kRowsPerPass * row_stride : 0), valid);
   }
 }
@@ -502,14 +514,6 @@ struct SwizzledRows32 {
   static constexpr int kRowElems = 32;
   __device__ static int at(int row, int chunk) { return row * kRowElems + ((chunk ^ ((row >> 1) & 3)) << 3); }
 };
-// Rows of 64 16-bit elements (128 bytes, eight chunks), chunk c of row r at c ^ (r % 8): the 8
-// rows of one ldmatrix matrix fall in distinct bank groups, and 8 threads' cp.async of one row
-// fill one line. The head-dim-64 bucket's rows, and RawBiasTile's.
-struct SwizzledRows64 {
-  static constexpr int kRowElems = 64;
-  __device__ static int at(int row, int chunk) { return row * kRowElems + ((chunk ^ (row & 7)) << 3); }
-};
-
 // The fast tile's raw [64 x 64] bias (input dtype, natural units) staged in shared memory by
 // cp.async: no float conversion pass, no registers across the tile, and ldmatrix reads an 8x8
 // block of it per matrix instead of an element (or a pair) per LDS. Rows of 64 elements (128
