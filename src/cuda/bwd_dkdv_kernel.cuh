@@ -113,12 +113,10 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
   // kSwizzled: the element offset of 16-byte chunk `chunk` of row `row` in K, V, Q or dO, for
-  // this lane's ldmatrix rows: every fragment read below has row = lane (mod 8), which fixes the
-  // swizzle. (The padded layout's offsets are spelled out at each read.)
+  // this lane's ldmatrix rows: every fragment read below has row = lane (mod 8). (The padded
+  // layout's offsets are spelled out at each read.)
   constexpr bool kSwizzled = T::kSwizzled;
-  auto swizzled_at = [&](int row, int chunk) {
-    return row * SwizzledRows64::kRowElems + ((chunk ^ (lane & 7)) << 3);
-  };
+  auto swizzled_at = [&](int row, int chunk) { return SwizzledRows64::at_lane_row(row, chunk, lane); };
   // The warp's key tile of the block, and its rows there (kKeyTiles = 1: 0 and warp_row).
   const int key_tile = kKeyTiles == 1 ? 0 : warp / 4, tile_row = kKeyTiles == 1 ? warp_row : warp_row % kTile;
 

@@ -117,7 +117,7 @@ __device__ __forceinline__ void add_ds_k(float (&acc_dq)[kDTiles][4], const Elem
       uint32_t kb[4];
       const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
       const int chunk = col0 / 8 + 2 * dp2 + (lane >> 4);  // kSwizzled
-      ldmatrix_x4_trans(kb, kSwizzled ? sK + key * SwizzledRows64::kRowElems + ((chunk ^ (lane & 7)) << 3)
+      ldmatrix_x4_trans(kb, kSwizzled ? sK + SwizzledRows64::at_lane_row(key, chunk, lane)
                                       : sK + key * kRowStride + col0 + dp2 * 16 + (lane >> 4) * 8);
       mma_16816<Element>(acc_dq[2 * dp2], a, {kb[0], kb[1]});
       mma_16816<Element>(acc_dq[2 * dp2 + 1], a, {kb[2], kb[3]});

@@ -70,6 +70,10 @@ __device__ __forceinline__ void load_rows_to_smem(Element* smem, const RowPtr& s
 struct SwizzledRows64 {
   static constexpr int kRowElems = 64;
   __device__ static int at(int row, int chunk) { return row * kRowElems + ((chunk ^ (row & 7)) << 3); }
+  // `at` for an ldmatrix address whose row = lane (mod 8): the lane fixes the swizzle.
+  __device__ static int at_lane_row(int row, int chunk, int lane) {
+    return row * kRowElems + ((chunk ^ (lane & 7)) << 3);
+  }
 };
 
 // How kThreads threads split a tile of kRows rows into 16-byte chunks: thread t copies chunk
@@ -677,15 +681,11 @@ __device__ __forceinline__ void scores_log2(float (&s)[4], int c, const float* k
   scores_log2_from(s, kb, tb, scale_log2);
 }
 
-// Writes a warp's 16 x (8 * kDTiles) mma accumulator (C layout: rows g and g + 8, columns
-// 8 dt + 2t, +1) to rows row0 + g, row0 + g + 8 of a [.., L, .., D] tensor, row r scaled by
-// mul[r]. `pairs` = 4-byte stores of two adjacent elements are legal.
-// store_acc_rows for whole row tiles on the fast paths: kTiles tiles of 16 rows, tile i's rows
+// store_acc_rows for whole row tiles on the fast path: kTiles tiles of 16 rows, tile i's rows
 // g and g + 8 at rows[i] (which points at its row g, column 2t; pairs storable, D = 8 kDTiles)
 // and + 8 row_stride[i], row r scaled by mul[i][r]; 32-bit strides. Every value is packed before
 // the first store, so no register a store has yet to read is written again behind it (ncu: such
-// long-scoreboard waits were ~3% of the D = 64 forward's stall samples and of the dK/dV
-// kernel's).
+// long-scoreboard waits were ~3% of the D = 64 forward's stall samples).
 template <typename Element, int kTiles, int kDTiles>
 __device__ __forceinline__ void store_acc_tiles_packed(const float (&acc)[kTiles][kDTiles][4],
                                                        Element* const (&rows)[kTiles],
@@ -707,6 +707,9 @@ __device__ __forceinline__ void store_acc_tiles_packed(const float (&acc)[kTiles
       }
 }
 
+// Writes a warp's 16 x (8 * kDTiles) mma accumulator (C layout: rows g and g + 8, columns
+// 8 dt + 2t, +1) to rows row0 + g, row0 + g + 8 of a [.., L, .., D] tensor, row r scaled by
+// mul[r]. `pairs` = 4-byte stores of two adjacent elements are legal.
 template <typename Element, int kDTiles>
 __device__ __forceinline__ void store_acc_rows(const float (&acc)[kDTiles][4], Element* base,
                                                int64_t row_stride, int64_t d_stride, int64_t row0,
