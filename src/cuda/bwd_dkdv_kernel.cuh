@@ -22,6 +22,7 @@
 #include "backend.h"
 #include "cuda/bwd_running_dq.cuh"
 #include "cuda/element.cuh"
+#include "cuda/kernel_launch.h"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
 #include "cuda/smem_budget.h"
@@ -93,6 +94,7 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of dK, dV, dQ
   constexpr int kKSteps = kHeadDim / 16;
 
+  start_after_previous_grid();  // before any global memory access (kernel_launch.h)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sK = reinterpret_cast<Element*>(smem_raw);
   Element* sV = sK + T::kKeyElems;
@@ -414,8 +416,7 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
                                         : T::kSmemBytesFused;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, smem, stream>>>(p, plan);
-  return cudaGetLastError();
+  return launch_kernel(kernel, static_cast<size_t>(blocks), T::kThreads, smem, stream, p, plan);
 }
 
 }  // namespace evoattn::cuda

@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "cuda/bwd_running_dq.cuh"
 #include "cuda/element.cuh"
+#include "cuda/kernel_launch.h"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
 #include "cuda/smem_budget.h"
@@ -57,6 +58,7 @@ __global__ void __launch_bounds__(128, BwdWideKeyTraits<Element, kHeadDim>::kMin
   constexpr int kDTiles = T::kDTiles;
   constexpr int kKSteps = kHeadDim / 16;
 
+  start_after_previous_grid();  // before any global memory access (kernel_launch.h)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sK = reinterpret_cast<Element*>(smem_raw);
   Element* sV = sK + T::kKeyElems;
@@ -300,8 +302,7 @@ cudaError_t run_bwd_dkdv_wide(const BwdParams& p, const LaunchPlan& plan, cudaSt
   auto kernel = bwd_dkdv_wide_kernel<Element, kHeadDim>;
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   const int64_t blocks = p.B * p.N * p.H;
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
-  return cudaGetLastError();
+  return launch_kernel(kernel, static_cast<size_t>(blocks), T::kThreads, T::kSmemBytes, stream, p, plan);
 }
 
 }  // namespace evoattn::cuda

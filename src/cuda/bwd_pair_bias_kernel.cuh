@@ -22,6 +22,7 @@
 #include "backend.h"
 #include "cuda/bwd_rows_kernel.cuh"
 #include "cuda/element.cuh"
+#include "cuda/kernel_launch.h"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
 #include "cuda/smem_budget.h"
@@ -90,6 +91,10 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kPassTiles = T::kKeyPass / 8, kPasses = kBlockN / T::kKeyPass;
+
+  // Reads nothing the dK/dV pass (or an earlier gradient) writes: runs beside its last blocks.
+  launch_dependents();
+  const WaitForPreviousGridAtExit wait_at_exit;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sSeq = reinterpret_cast<Element*>(smem_raw);  // [2 stages][Q | dO | K | V]
@@ -303,11 +308,12 @@ cudaError_t run_bwd_pair_bias(const BwdParams& p, const LaunchPlan& plan, const 
   auto kernel = bwd_pair_bias_kernel<Element, kHeadDim>;
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   const int64_t pairs = task.blocks / 2;
-  kernel<<<static_cast<unsigned>(pairs * task.chunks), T::kThreads, T::kSmemBytes, stream>>>(p, plan, task);
-  if (task.partials == nullptr) return cudaGetLastError();
+  const size_t blocks = static_cast<size_t>(pairs * task.chunks);
+  if (cudaError_t err = launch_kernel(kernel, blocks, T::kThreads, T::kSmemBytes, stream, p, plan, task)) return err;
+  if (task.partials == nullptr) return cudaSuccess;
   const int64_t elements = task.blocks * kTile * kTile;
-  bias_grad_reduce_kernel<<<static_cast<unsigned>((elements + 255) / 256), 256, 0, stream>>>(p, plan, task);
-  return cudaGetLastError();
+  return launch_kernel(bias_grad_reduce_kernel, static_cast<size_t>((elements + 255) / 256), 256, 0, stream, p,
+                       plan, task);
 }
 
 }  // namespace evoattn::cuda

@@ -21,6 +21,7 @@
 
 #include "backend.h"
 #include "cuda/element.cuh"
+#include "cuda/kernel_launch.h"
 #include "cuda/launch_plan.h"
 #include "cuda/ptx.cuh"
 #include "cuda/smem_budget.h"
@@ -106,6 +107,9 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   constexpr int kTileStride = T::kTileStride;
   constexpr int kNTiles = kBlockN / 8, kDTiles = kHeadDim / 8, kKSteps = kHeadDim / 16;
 
+  // Reads nothing the dK/dV pass (or an earlier gradient) writes: runs beside its last blocks.
+  launch_dependents();
+  const WaitForPreviousGridAtExit wait_at_exit;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sQ = reinterpret_cast<Element*>(smem_raw);  // [2 stages] each
   Element* sdO = sQ + 2 * T::kSeqElems;
@@ -441,6 +445,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
 static __global__ void __launch_bounds__(256)
     bias_grad_reduce_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
                             const __grid_constant__ RowsTask task) {
+  start_after_previous_grid();  // before any global memory access (kernel_launch.h)
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= task.blocks * kTile * kTile) return;
   const int64_t block = e / (kTile * kTile);
@@ -471,12 +476,12 @@ cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsT
     }
   }
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
-  kernel<<<static_cast<unsigned>(task.blocks * task.chunks), T::kThreads, T::kSmemBytes, stream>>>(
-      p, plan, task);
-  if (task.partials == nullptr) return cudaGetLastError();
+  const size_t blocks = static_cast<size_t>(task.blocks * task.chunks);
+  if (cudaError_t err = launch_kernel(kernel, blocks, T::kThreads, T::kSmemBytes, stream, p, plan, task)) return err;
+  if (task.partials == nullptr) return cudaSuccess;
   const int64_t elements = task.blocks * kTile * kTile;
-  bias_grad_reduce_kernel<<<static_cast<unsigned>((elements + 255) / 256), 256, 0, stream>>>(p, plan, task);
-  return cudaGetLastError();
+  return launch_kernel(bias_grad_reduce_kernel, static_cast<size_t>((elements + 255) / 256), 256, 0, stream, p,
+                       plan, task);
 }
 
 }  // namespace evoattn::cuda

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "cuda/element.cuh"
+#include "cuda/kernel_launch.h"
 #include "cuda/launch_plan.h"
 #include "cuda/online_softmax.cuh"
 #include "cuda/ptx.cuh"
@@ -134,6 +135,8 @@ __global__ void __launch_bounds__(
   constexpr int kKSteps = kHeadDim / 16;  // whole k-steps of QK^T
   constexpr bool kHalfKStep = kHeadDim % 16 != 0;  // and an m16n8k8 one (head dim 24)
   constexpr int kSmemHeadDim = T::kSmemHeadDim;
+
+  start_after_previous_grid();  // before any global memory access (kernel_launch.h)
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
@@ -716,8 +719,7 @@ cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t str
   int64_t grid = plan.fwd_blocks;
   const int64_t resident = T::kPersistent ? fwd_resident_blocks(kernel, T::kThreads, T::kSmemBytes) : 0;
   if (T::kPersistent && !plan.pair_over_k && resident > 0 && resident < grid) grid = resident;
-  kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream>>>(p, plan);
-  return cudaGetLastError();
+  return launch_kernel(kernel, static_cast<size_t>(grid), T::kThreads, T::kSmemBytes, stream, p, plan);
 }
 
 }  // namespace evoattn::cuda

@@ -1,5 +1,6 @@
 // Thin wrappers over the PTX the kernels use: cp.async (Ampere+), ldmatrix, mma.sync m16n8k16
-// (16-bit) and m16n8k8 (16-bit and TF32), ex2.approx. Everything here exists on sm_80 and later.
+// (16-bit) and m16n8k8 (16-bit and TF32), ex2.approx. Everything here exists on sm_80 and later,
+// but griddepcontrol (sm_90), which compiles to nothing before.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +20,33 @@ __device__ __forceinline__ uint32_t sm_id() {
   asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
   return id;
 }
+
+// Programmatic dependent launch (sm_90 and later; no-ops before, and when the kernel was
+// launched without it: kernel_launch.h). launch_dependents lets the stream's next kernel place
+// its blocks once every block of this one has called it (or exited); wait_for_previous_grid
+// blocks until the stream's previous kernel has completed and its writes are visible. A kernel
+// calls wait_for_previous_grid before it touches memory that kernel may write or read.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// The start of most kernels: wait for the previous one, then let the next one place its blocks.
+__device__ __forceinline__ void start_after_previous_grid() {
+  wait_for_previous_grid();
+  launch_dependents();
+}
+// For a kernel that reads nothing its predecessor writes (a bias gradient after the dK/dV
+// pass): it waits only as it exits, so its completion still implies the predecessor's and the
+// stream's order holds for whatever comes after it.
+struct WaitForPreviousGridAtExit {
+  __device__ __forceinline__ ~WaitForPreviousGridAtExit() { wait_for_previous_grid(); }
+};
 
 // 16-byte global -> shared copy; `valid` = false writes 16 zero bytes instead (zero-fill).
 // The memory clobbers keep the compiler from moving shared-memory accesses across the copy

@@ -14,7 +14,9 @@
 
 #include "backend.h"
 #include "cuda/element.cuh"
+#include "cuda/kernel_launch.h"
 #include "cuda/launch_plan.h"
+#include "cuda/ptx.cuh"
 #include "params.h"
 
 namespace evoattn::cuda {
@@ -54,6 +56,7 @@ struct RowStatsWalk {
 template <typename Element>
 __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ BwdParams p, bool vec,
                                                         const RowStatsWalk split) {
+  start_after_previous_grid();  // before any global memory access (kernel_launch.h)
   const int64_t rows = num_rows(p);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int lanes = 1 << split.lanes_log2, sub = static_cast<int>(thread & (lanes - 1));
@@ -154,8 +157,7 @@ cudaError_t run_row_stats(const BwdParams& p, bool vec, cudaStream_t stream) {
     w.d_mid = make_fast_div(static_cast<uint32_t>(w.heads_inner ? p.Lq : p.H));
     w.d_n = make_fast_div(static_cast<uint32_t>(p.N));
   }
-  row_stats_kernel<Element><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, vec, w);
-  return cudaGetLastError();
+  return launch_kernel(row_stats_kernel<Element>, static_cast<size_t>(blocks), 256, 0, stream, p, vec, w);
 }
 
 }  // namespace evoattn::cuda

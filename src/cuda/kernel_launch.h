@@ -1,0 +1,37 @@
+// Kernel launches on the caller's stream with programmatic dependent launch (PDL) where the GPU
+// has it (sm_90 and later): the kernel's blocks may be placed while the stream's previous
+// kernel drains its last blocks, and wait in wait_for_previous_grid (ptx.cuh) for its results.
+// Every kernel launched here calls wait_for_previous_grid before touching memory the previous
+// kernel may write or read (at its start, or at its exit for one that reads none of it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+namespace evoattn::cuda {
+
+// Whether launches on the current device use PDL: compute capability 9.0 or later, and the
+// environment variable EVOATTN_DISABLE_PDL unset or "0" (read at every call; for A/B timing).
+bool dependent_launch_enabled();
+
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), size_t blocks, int threads, size_t smem_bytes,
+                          cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  if (dependent_launch_enabled()) {
+    config.attrs = &attr;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace evoattn::cuda
