@@ -15,6 +15,7 @@
 #include "cuda/launch_plan.h"
 #include "evoattn/evoattn.h"
 #include "reference/reference.h"
+#include "scoped_env.h"
 #include "tensor_util.h"
 
 #ifdef EVOATTN_WITH_CUDA
@@ -309,24 +310,9 @@ TEST(Workspace, WithinSpecBoundOnSuiteShapes) { GTEST_SKIP() << kNoCudaMessage; 
 
 // Sets EVOATTN_MAX_SMEM_PER_BLOCK for a scope (src/cuda/smem_budget.h): the library then plans
 // and checks shared memory as on a GPU allowing that much per block.
-class SmemCap {
+class SmemCap : public ScopedEnv {
  public:
-  explicit SmemCap(size_t bytes) {
-    if (const char* old = std::getenv(kVar)) old_ = old, had_ = true;
-    setenv(kVar, std::to_string(bytes).c_str(), 1);
-  }
-  ~SmemCap() {
-    if (had_) {
-      setenv(kVar, old_.c_str(), 1);
-    } else {
-      unsetenv(kVar);
-    }
-  }
-
- private:
-  static constexpr const char* kVar = "EVOATTN_MAX_SMEM_PER_BLOCK";
-  std::string old_;
-  bool had_ = false;
+  explicit SmemCap(size_t bytes) : ScopedEnv("EVOATTN_MAX_SMEM_PER_BLOCK", std::to_string(bytes)) {}
 };
 
 constexpr size_t kSm86Smem = 99 * 1024, kA100Smem = 163 * 1024;

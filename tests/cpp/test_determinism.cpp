@@ -1,9 +1,10 @@
 // Bitwise determinism (SPEC "Backward"): the same inputs give the same bytes in every output
-// and gradient, run after run, and on the CPU whatever the number of threads. Whole buffers are
-// compared, padding included.
+// and gradient, run after run, on the CPU whatever the number of threads, and on the GPU with
+// or without programmatic dependent launch. Whole buffers are compared, padding included.
 #include <gtest/gtest.h>
 
 #include "attention_case.h"
+#include "scoped_env.h"
 
 namespace evoattn::test {
 namespace {
@@ -75,6 +76,20 @@ TEST_P(Determinism, ThreadCountDoesNotChangeBytes) {
     expect_same_bytes(all_threads, run_both(c, in, &options),
                       "num_threads " + std::to_string(threads) + " vs 0");
   }
+}
+
+// The kernels overlap their neighbours on the stream under programmatic dependent launch
+// (src/cuda/kernel_launch.h; sm_90 and later): the bytes are those of launches one after
+// another.
+TEST_P(Determinism, DependentLaunchDoesNotChangeBytes) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  if (c.backend != Backend::kCuda) GTEST_SKIP() << "kernel launches: CUDA only";
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  const Outputs overlapped = run_both(c, in, &options);
+  const ScopedEnv serial("EVOATTN_DISABLE_PDL", "1");
+  expect_same_bytes(overlapped, run_both(c, in, &options), "EVOATTN_DISABLE_PDL=1");
 }
 
 TEST_P(Determinism, NullOptionsAreTheDefaults) {
