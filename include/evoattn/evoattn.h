@@ -54,7 +54,8 @@ typedef enum evoattn_dtype {
 typedef enum evoattn_device_type { EVOATTN_DEVICE_CPU = 0, EVOATTN_DEVICE_CUDA = 1 } evoattn_device_type_t;
 
 /* A strided view of up to 5 dimensions. Sizes and strides are in elements; strides may be
- * zero (broadcast) or negative on inputs. Outputs must not overlap themselves. */
+ * zero (broadcast) or negative on inputs. Outputs must not overlap themselves (checked), each
+ * other, the inputs or the workspace (not checked: the kernels of one call may run at once). */
 typedef struct evoattn_tensor {
   void* data;
   evoattn_dtype_t dtype;

@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kPassTiles = T::kKeyPass / 8, kPasses = kBlockN / T::kKeyPass;
 
-  // Reads nothing the dK/dV pass (or an earlier gradient) writes: runs beside its last blocks.
+  // Touches nothing the kernels still running (the dK/dV pass, an earlier gradient) write, and
+  // writes nothing they read (its outputs, its own partials): runs beside their last blocks.
   launch_dependents();
   const WaitForPreviousGridAtExit wait_at_exit;
 

@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
   constexpr int kTileStride = T::kTileStride;
   constexpr int kNTiles = kBlockN / 8, kDTiles = kHeadDim / 8, kKSteps = kHeadDim / 16;
 
-  // Reads nothing the dK/dV pass (or an earlier gradient) writes: runs beside its last blocks.
+  // Touches nothing the kernels still running (the dK/dV pass, an earlier gradient) write, and
+  // writes nothing they read (its outputs, its own partials): runs beside their last blocks.
   launch_dependents();
   const WaitForPreviousGridAtExit wait_at_exit;
   extern __shared__ __align__(16) unsigned char smem_raw[];

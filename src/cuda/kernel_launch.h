@@ -2,7 +2,7 @@
 // has it (sm_90 and later): the kernel's blocks may be placed while the stream's previous
 // kernel drains its last blocks, and wait in wait_for_previous_grid (ptx.cuh) for its results.
 // Every kernel launched here calls wait_for_previous_grid before touching memory the previous
-// kernel may write or read (at its start, or at its exit for one that reads none of it).
+// kernel may write or read: at its start, or at its exit for one that touches none of it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,9 +12,11 @@
 
 namespace evoattn::cuda {
 
-// Whether launches on the current device use PDL: compute capability 9.0 or later, and the
-// environment variable EVOATTN_DISABLE_PDL unset or "0" (read at every call; for A/B timing).
-bool dependent_launch_enabled();
+// Whether `kernel` is launched with PDL on the current device: compute capability 9.0 or later,
+// the kernel compiled from compute_90 or later PTX (compute_80 PTX JIT-compiled for a newer GPU
+// holds no griddepcontrol: its kernels would not wait), and the environment variable
+// EVOATTN_DISABLE_PDL unset or "0" (read at every call; for A/B timing).
+bool dependent_launch_enabled(const void* kernel);
 
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), size_t blocks, int threads, size_t smem_bytes,
@@ -27,11 +29,13 @@ cudaError_t launch_kernel(void (*kernel)(Params...), size_t blocks, int threads,
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  if (dependent_launch_enabled()) {
+  if (dependent_launch_enabled(reinterpret_cast<const void*>(kernel))) {
     config.attrs = &attr;
     config.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // as <<<>>> + cudaGetLastError: not sticky
+  return err;
 }
 
 }  // namespace evoattn::cuda

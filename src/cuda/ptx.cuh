@@ -1,6 +1,6 @@
 // Thin wrappers over the PTX the kernels use: cp.async (Ampere+), ldmatrix, mma.sync m16n8k16
 // (16-bit) and m16n8k8 (16-bit and TF32), ex2.approx. Everything here exists on sm_80 and later,
-// but griddepcontrol (sm_90), which compiles to nothing before.
+// except griddepcontrol (sm_90), which compiles to nothing before.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,13 +37,17 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 // The start of most kernels: wait for the previous one, then let the next one place its blocks.
+// In this order: the next kernel is then placed only once every kernel before this one has
+// completed, which WaitForPreviousGridAtExit relies on.
 __device__ __forceinline__ void start_after_previous_grid() {
   wait_for_previous_grid();
   launch_dependents();
 }
-// For a kernel that reads nothing its predecessor writes (a bias gradient after the dK/dV
-// pass): it waits only as it exits, so its completion still implies the predecessor's and the
-// stream's order holds for whatever comes after it.
+// For a kernel that touches nothing its predecessor writes and writes nothing its predecessor
+// reads (a bias gradient after the dK/dV pass): it waits only as it exits, so its completion
+// still implies the predecessor's and the stream's order holds for whatever comes after it. What
+// it reads from earlier kernels (the row statistics) is complete: its predecessor let it launch
+// only after its own wait (start_after_previous_grid).
 struct WaitForPreviousGridAtExit {
   __device__ __forceinline__ ~WaitForPreviousGridAtExit() { wait_for_previous_grid(); }
 };

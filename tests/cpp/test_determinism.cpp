@@ -6,6 +6,10 @@
 #include "attention_case.h"
 #include "scoped_env.h"
 
+#ifdef EVOATTN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace evoattn::test {
 namespace {
 
@@ -54,6 +58,17 @@ void expect_same_bytes(const Outputs& a, const Outputs& b, const std::string& wh
   EXPECT_TRUE(same_bytes(a.bwd.d_pair_bias, b.bwd.d_pair_bias)) << "d_pair_bias differs: " << what;
 }
 
+// Whether this GPU has programmatic dependent launch (sm_90 and later).
+bool gpu_has_dependent_launch() {
+#ifdef EVOATTN_WITH_CUDA
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+#else
+  return false;
+#endif
+}
+
 class Determinism : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Determinism, RepeatedRunsGiveIdenticalBytes) {
@@ -85,6 +100,7 @@ TEST_P(Determinism, DependentLaunchDoesNotChangeBytes) {
   const Case& c = GetParam();
   if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
   if (c.backend != Backend::kCuda) GTEST_SKIP() << "kernel launches: CUDA only";
+  if (!gpu_has_dependent_launch()) GTEST_SKIP() << "no programmatic dependent launch before sm_90";
   const Inputs in = make_inputs(c);
   const evoattn_options_t options = case_options(c);
   const Outputs overlapped = run_both(c, in, &options);
