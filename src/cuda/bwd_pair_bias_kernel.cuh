@@ -311,10 +311,7 @@ cudaError_t run_bwd_pair_bias(const BwdParams& p, const LaunchPlan& plan, const 
   const int64_t pairs = task.blocks / 2;
   const size_t blocks = static_cast<size_t>(pairs * task.chunks);
   if (cudaError_t err = launch_kernel(kernel, blocks, T::kThreads, T::kSmemBytes, stream, p, plan, task)) return err;
-  if (task.partials == nullptr) return cudaSuccess;
-  const int64_t elements = task.blocks * kTile * kTile;
-  return launch_kernel(bias_grad_reduce_kernel, static_cast<size_t>((elements + 255) / 256), 256, 0, stream, p,
-                       plan, task);
+  return task.partials == nullptr ? cudaSuccess : run_bias_grad_reduce(p, plan, task, stream);
 }
 
 }  // namespace evoattn::cuda

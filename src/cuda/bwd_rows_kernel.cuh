@@ -465,6 +465,14 @@ static __global__ void __launch_bounds__(256)
             v);
 }
 
+// After a chunked gradient's kernel (task.partials set): sums its partials in chunk order.
+static inline cudaError_t run_bias_grad_reduce(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
+                                               cudaStream_t stream) {
+  const int64_t elements = task.blocks * kTile * kTile;
+  return launch_kernel(bias_grad_reduce_kernel, static_cast<size_t>((elements + 255) / 256), 256, 0, stream, p,
+                       plan, task);
+}
+
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream) {
@@ -479,10 +487,7 @@ cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsT
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   const size_t blocks = static_cast<size_t>(task.blocks * task.chunks);
   if (cudaError_t err = launch_kernel(kernel, blocks, T::kThreads, T::kSmemBytes, stream, p, plan, task)) return err;
-  if (task.partials == nullptr) return cudaSuccess;
-  const int64_t elements = task.blocks * kTile * kTile;
-  return launch_kernel(bias_grad_reduce_kernel, static_cast<size_t>((elements + 255) / 256), 256, 0, stream, p,
-                       plan, task);
+  return task.partials == nullptr ? cudaSuccess : run_bias_grad_reduce(p, plan, task, stream);
 }
 
 }  // namespace evoattn::cuda

@@ -249,8 +249,8 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
 // After run_row_stats. The running-dQ slots' flags were zeroed before it (bwd_mma), so that
 // the kernels follow each other with no other stream operation between them (kernel_launch.h).
 template <typename Element, int kHeadDim, bool kFast>
-cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t stream) {
-  const WorkspaceLayout layout = workspace_layout(p, plan);
+cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, const WorkspaceLayout& layout,
+                         cudaStream_t stream) {
   if (layout.dq_accum_offset != 0) {
     char* base = static_cast<char*>(p.workspace);
     plan.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum_offset);
@@ -293,21 +293,23 @@ cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, cudaStream_t strea
 }
 
 template <typename Element, int kHeadDim>
-cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  return cuda::bwd_fast_path(plan) ? bwd_mma_path<Element, kHeadDim, true>(p, plan, stream)
-                                   : bwd_mma_path<Element, kHeadDim, false>(p, plan, stream);
+cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout,
+                         cudaStream_t stream) {
+  return cuda::bwd_fast_path(plan) ? bwd_mma_path<Element, kHeadDim, true>(p, plan, layout, stream)
+                                   : bwd_mma_path<Element, kHeadDim, false>(p, plan, layout, stream);
 }
 
 template <typename Element>
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = bwd_launch_plan(p);
-  if (const WorkspaceLayout layout = workspace_layout(p, plan); layout.dq_accum_offset != 0) {
+  const WorkspaceLayout layout = workspace_layout(p, plan);
+  if (layout.dq_accum_offset != 0) {
     void* busy = static_cast<char*>(p.workspace) + layout.dq_busy_offset;
     if (cudaError_t e = cudaMemsetAsync(busy, 0, plan.dq_slots * sizeof(int), stream)) return e;
   }
   if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
   return with_head_dim(p.D, [&](auto hd) {
-    return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, stream);
+    return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, layout, stream);
   });
 }
 
