@@ -15,6 +15,10 @@
 //              tile writes dQ)
 //   dK *= scale, dQ *= scale. Each block owns its rows of dK and dV, and with fuse_dq the dQ of
 //   its (b, n, h), added in key-tile order: no atomics, deterministic.
+//   plan.delta_in_dkdv (key pairs): the first key block's walk also copies each query tile's O
+//   and computes its Delta = dO . O (as row_stats_kernel, the same sums in the same order),
+//   kept in the stage's statistics and written to the workspace for the later key blocks and
+//   the bias-gradient kernels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -111,6 +115,9 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   // query tile [kBlockM][kHeadDim], or with plan.dq_in_smem of all query tiles.
   Element* sdS = reinterpret_cast<Element*>(sStats + 2 * 3 * kBlockM);
   float* sdQ = reinterpret_cast<float*>(sdS + kBlockN * kDsStride);
+  // plan.delta_in_dkdv: two stages of O after the resident dQ (dkdv_delta_smem_bytes).
+  Element* sO = reinterpret_cast<Element*>(sdQ + plan.q_tiles * kBlockM * kHeadDim);
+  const bool delta_here = kKeyTiles == 2 && plan.delta_in_dkdv;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4, warp_row = warp * 16;
@@ -157,13 +164,14 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
 
   // Q and dO of query tile `qt` and their row statistics (threads 0..63) into stage `s`
   // (cp.async). Rows past Lq get row_max = +inf (P = 0), stored directly: the stage is not read
-  // before the barrier that waits for the copies.
+  // before the barrier that waits for the copies. `with_o`: O too (delta_in_dkdv, first key
+  // block); without `with_delta` the stage's Delta is left to compute_delta.
   using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
   // kFast: 32-bit offsets (bwd_fast_path: LaunchPlan::offsets32).
   auto bnh32 = [&](const SeqStrides& st) {
     return bnh_offset(st, static_cast<int>(b), static_cast<int>(n), static_cast<int>(h));
   };
-  auto load_query_tile = [&](int qt, int s) {
+  auto load_query_tile = [&](int qt, int s, bool with_o, bool with_delta) {
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
     if constexpr (kFast) {
       const int row0 = qt * kBlockM, lq = static_cast<int>(p.Lq);
@@ -171,13 +179,44 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
           static_cast<const Element*>(p.q), bnh32(p.q_stride), row0, lq, static_cast<int>(p.q_stride.l), p.D, tid);
       copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads, kSwizzled>(sdO + s * T::kQueryElems,
           static_cast<const Element*>(p.d_o), bnh32(p.do_stride), row0, lq, static_cast<int>(p.do_stride.l), p.D, tid);
+      if (kKeyTiles == 2 && with_o) {
+        copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads, kSwizzled>(sO + s * T::kQueryElems,
+            static_cast<const Element*>(p.o), bnh32(p.o_stride), row0, lq, static_cast<int>(p.o_stride.l), p.D, tid);
+      }
     } else {
       const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
       const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
       q_copy.copy(sQ + s * T::kQueryElems, i0, p.Lq, p.D, plan.vec_q, tid);
       do_copy.copy(sdO + s * T::kQueryElems, i0, p.Lq, p.D, plan.vec_do, tid);
     }
-    copy_row_stats<kBlockM>(sStats, s, p, stats_row, i0, tid);
+    copy_row_stats<kBlockM>(sStats, s, p, stats_row, i0, tid, with_delta);
+  };
+  // delta_in_dkdv: Delta of query tile `qt` (in stage `s`) from its O and dO, four threads a row
+  // summing chunks sub and sub + 4 and then across the four, as row_stats_kernel at this head
+  // dim: the same bits. Into the stage's Delta (`also_next`: the next stage's too, which holds
+  // this tile again for the next key block) and the workspace; 0 for rows past Lq.
+  auto compute_delta = [&](int qt, int s, bool also_next) {
+    const int row = tid / 4, sub = tid % 4;
+    const Element* o_stage = sO + s * T::kQueryElems;
+    const Element* do_stage = sdO + s * T::kQueryElems;
+    float sum = 0.0f;
+    for (int c = sub; c * 8 < p.D; c += 4) {  // not unrolled: that spilled the step loop
+      const uint4 a = *reinterpret_cast<const uint4*>(o_stage + SwizzledRows64::at(row, c));
+      const uint4 d = *reinterpret_cast<const uint4*>(do_stage + SwizzledRows64::at(row, c));
+      const Element* ea = reinterpret_cast<const Element*>(&a);
+      const Element* ed = reinterpret_cast<const Element*>(&d);
+      for (int e = 0; e < 8; ++e) sum += to_float(ea[e]) * to_float(ed[e]);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int i = qt * kBlockM + row;
+    if (sub == 0) {
+      const bool inside = i < p.Lq;
+      const float delta = inside ? sum : 0.0f;
+      sStats[s * 3 * kBlockM + row] = delta;
+      if (also_next) sStats[(s ^ 1) * 3 * kBlockM + row] = delta;
+      if (inside) static_cast<float*>(p.workspace)[stats_row + i] = delta;
+    }
   };
   // The raw bias tiles (query tile qt, key block kt) into stage `s` (fast_tile; cp.async): each
   // key tile's by 128 threads.
@@ -189,7 +228,7 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
                static_cast<Index>(qt) * kBlockM, static_cast<Index>(kt) * kBlockN + part * kTile);
     copy.copy_next(sRawTile + (s * kKeyTiles + part) * RawBiasTile::kElems, plan, copy_tid);
   };
-  load_query_tile(0, 0);
+  load_query_tile(0, 0, delta_here, !delta_here);
   if (fast_tile) load_raw_tile(0, kt_first, 0);
   cp_async_commit();
 
@@ -255,7 +294,10 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
       if (has_next) {
         // The next tile: the walk's neighbour, or this query tile again for the next key tile.
         const int next_qt = last_step ? qt : reverse ? qt - 1 : qt + 1;
-        load_query_tile(next_qt, stage ^ 1);
+        // delta_in_dkdv: the tiles loaded during the first key block get their Delta from
+        // compute_delta (the last one, this tile again, from this step's).
+        const bool first_block = delta_here && kt == kt_first;
+        load_query_tile(next_qt, stage ^ 1, first_block && !last_step, !first_block);
         if (fast_tile) load_raw_tile(next_qt, last_step ? kt + 1 : kt, stage ^ 1);
         cp_async_commit();
         if constexpr (!kTwoBarriers) cp_async_wait<2>();  // all but the running dQ and the next query tile
@@ -264,6 +306,11 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
       }
       if constexpr (!kTwoBarriers) __syncthreads();
 
+      // delta_in_dkdv: the first key block's tiles get their Delta here, published by one more
+      // barrier before dS. (Computed in the step before, behind its dQ barrier, it made that
+      // barrier wait for the next tile's copies: the pass 50 us slower on tri256d64, ncu.)
+      const bool delta_now = delta_here && kt == kt_first;
+      if (delta_now) compute_delta(qt, stage, last_step);
       const Element* Qs = sQ + stage * T::kQueryElems;
       const Element* dOs = sdO + stage * T::kQueryElems;
       // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
@@ -311,6 +358,7 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
       }
 
       // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
+      if (delta_now) __syncthreads();  // every row's Delta is in the stage
       const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
       float raw_tile[kQTiles][4];
       if (fast_tile) {
@@ -411,8 +459,10 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
   if (kNoTile && plan.tile_slots != 0) return cudaErrorInvalidValue;  // dkdv_no_tile
   if (kKeyTiles != 1 && !(plan.fuse_dq && plan.dq_in_smem)) return cudaErrorInvalidValue;
   auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile, kKeyTiles>;
+  if (plan.delta_in_dkdv && kKeyTiles != 2) return cudaErrorInvalidValue;
   const size_t smem = !plan.fuse_dq    ? T::kSmemBytes
-                      : plan.dq_in_smem ? dkdv_smem_bytes_resident_dq(plan, kHeadDim, kNoTile, kKeyTiles)
+                      : plan.dq_in_smem ? dkdv_smem_bytes_resident_dq(plan, kHeadDim, kNoTile, kKeyTiles) +
+                                              (plan.delta_in_dkdv ? dkdv_delta_smem_bytes(kHeadDim) : 0)
                                         : T::kSmemBytesFused;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);

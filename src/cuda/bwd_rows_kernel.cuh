@@ -109,8 +109,10 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
 
   // Touches nothing the kernels still running (the dK/dV pass, an earlier gradient) write, and
   // writes nothing they read (its outputs, its own partials): runs beside their last blocks.
+  // Except where the dK/dV pass writes Delta (LaunchPlan::delta_in_dkdv): then it waits first.
   launch_dependents();
   const WaitForPreviousGridAtExit wait_at_exit;
+  if (plan.delta_in_dkdv) wait_for_previous_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sQ = reinterpret_cast<Element*>(smem_raw);  // [2 stages] each
   Element* sdO = sQ + 2 * T::kSeqElems;

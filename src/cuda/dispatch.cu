@@ -192,6 +192,9 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
       plan.dkdv_key_pairs = bucket == 64 && plan.k_tiles % 2 == 0 && !plan.dq_in_smem &&
                             cuda::dkdv_smem_bytes_resident_dq(plan, bucket, false, 2) <= allowed;
       if (plan.dkdv_key_pairs) plan.dq_in_smem = true;
+      plan.delta_in_dkdv = plan.dkdv_key_pairs && cuda::bwd_fast_path(plan) && plan.vec_o &&
+                           cuda::dkdv_smem_bytes_resident_dq(plan, bucket, false, 2) +
+                                   cuda::dkdv_delta_smem_bytes(bucket) <= allowed;
     }
   }
   return plan;
@@ -307,7 +310,10 @@ cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
     void* busy = static_cast<char*>(p.workspace) + layout.dq_busy_offset;
     if (cudaError_t e = cudaMemsetAsync(busy, 0, plan.dq_slots * sizeof(int), stream)) return e;
   }
-  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, stream)) return e;
+  // With delta_in_dkdv the key-pair dK/dV computes Delta: the row statistics read only the LSE.
+  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, !plan.delta_in_dkdv, stream)) {
+    return e;
+  }
   return with_head_dim(p.D, [&](auto hd) {
     return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, layout, stream);
   });
@@ -315,7 +321,7 @@ cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
 
 cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kSimtTile, cuda::kSimtTile);
-  if (cudaError_t e = cuda::run_row_stats<float>(p, false, stream)) return e;
+  if (cudaError_t e = cuda::run_row_stats<float>(p, false, true, stream)) return e;
   if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !p.dbias[slot].requested) continue;

@@ -38,9 +38,10 @@ cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsT
 template <int kHeadDim>
 cudaError_t run_fwd_tf32(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 
-// The backward's row statistics (Delta, row max, row log-sum) for every dtype (row_stats.cu).
+// The backward's row statistics (Delta, row max, row log-sum) for every dtype (row_stats.cu);
+// without `with_delta` only row max and row log-sum (LaunchPlan::delta_in_dkdv).
 template <typename Element>
-cudaError_t run_row_stats(const BwdParams& p, bool vec, cudaStream_t stream);
+cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, cudaStream_t stream);
 
 // float32 in IEEE arithmetic on the CUDA cores (simt_fp32.cu); tiles of 32 x 32.
 constexpr int kSimtTile = 32;

@@ -102,6 +102,12 @@ struct LaunchPlan {
   // that fits (bwd_launch_plan; dq_in_smem is on then). The call takes it on the fast path;
   // else the 16-key kernel runs, its running dQ in shared memory too, one block per SM.
   bool dkdv_key_pairs;
+  // Whether that key-pair kernel computes Delta = dO . O itself, in its first key block's walk
+  // over the query tiles (O copied beside dO; bwd_launch_plan: the key-pair fast path, 16-byte
+  // O rows, and two stages of O fit beside the resident dQ), and writes it to the workspace for
+  // its later key blocks and the bias-gradient kernels after it. The row statistics then read
+  // only the LSE.
+  bool delta_in_dkdv;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x blocks per SM) >= 1: bwd_launch_plan
@@ -243,6 +249,8 @@ constexpr size_t dkdv_smem_bytes(int head_dim, bool fused_dq, bool no_tile = fal
 inline size_t dkdv_smem_bytes_resident_dq(const LaunchPlan& plan, int head_dim, bool no_tile, int key_tiles = 1) {
   return dkdv_smem_bytes(head_dim, true, no_tile, int64_t{plan.q_tiles} * kTile, key_tiles);
 }
+// What LaunchPlan::delta_in_dkdv adds after the resident dQ: two stages of an O tile.
+constexpr size_t dkdv_delta_smem_bytes(int head_dim) { return 2 * size_t{kTile} * (head_dim + 8) * 2; }
 
 // Running-dQ slots a fused dK/dV may use for this shape: min(B N H, kMaxDqSlots, what dQ's share
 // of SPEC's workspace bound leaves after the row statistics). The workspace holds min(this, the

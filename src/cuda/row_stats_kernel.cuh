@@ -4,7 +4,9 @@
 //                or the row's max score, recomputed, where |LSE| >= kLseExactLimit
 //   row_log_sum  0, or log2 sum_j 2^(x_j - row_max) for recomputed rows
 // The common row costs two reads of D elements; a recomputed one a pass over its keys
-// (rare: rows dominated by a huge bias, or tiny head dims).
+// (rare: rows dominated by a huge bias, or tiny head dims). Without `with_delta` (the key-pair
+// dK/dV computes Delta, LaunchPlan::delta_in_dkdv; head dim >= kExactDeltaHeadDim) a row costs
+// its LSE only, one thread a row.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,7 +57,7 @@ struct RowStatsWalk {
 
 template <typename Element>
 __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ BwdParams p, bool vec,
-                                                        const RowStatsWalk split) {
+                                                        bool with_delta, const RowStatsWalk split) {
   start_after_previous_grid();  // before any global memory access (kernel_launch.h)
   const int64_t rows = num_rows(p);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
   const Element* o = seq_row_ptr<Element>(p.o, p.o_stride, b, n, h, i);
   const Element* d_o = seq_row_ptr<Element>(p.d_o, p.do_stride, b, n, h, i);
   float sum = 0.0f;
-  if (vec) {
+  if (with_delta && vec) {
     constexpr int kPer16 = 16 / sizeof(Element);
     for (int d = sub * kPer16; d < p.D; d += lanes * kPer16) {
       const uint4 a = *reinterpret_cast<const uint4*>(o + d);
@@ -98,7 +100,7 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
       const Element* ec = reinterpret_cast<const Element*>(&c);
       for (int e = 0; e < kPer16; ++e) sum += to_float(ea[e]) * to_float(ec[e]);
     }
-  } else {
+  } else if (with_delta) {
     for (int d = sub; d < p.D; d += lanes) {
       sum += to_float(o[d * p.o_stride.d]) * to_float(d_o[d * p.do_stride.d]);
     }
@@ -106,13 +108,13 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
   for (int x = 1; x < lanes; x *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
   if (!live || sub != 0) return;
   const float lse = p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q];
-  delta[row] = sum;
+  if (with_delta) delta[row] = sum;
   row_max[row] = lse == neg_inf() ? -neg_inf() : lse * kLog2e;
   row_log_sum[row] = 0.0f;
   if (!recompute_row_stats(lse, p.D)) return;
 
   // One online pass over the keys: m = running max, l = sum 2^(x - m), w = sum 2^(x - m) dP.
-  const bool want_delta = p.D < kExactDeltaHeadDim;
+  const bool want_delta = with_delta && p.D < kExactDeltaHeadDim;
   const Element* q = seq_row_ptr<Element>(p.q, p.q_stride, b, n, h, i);
   float m = neg_inf(), l = 0.0f, w = 0.0f;
   for (int64_t j = 0; j < p.Lk; ++j) {
@@ -145,11 +147,11 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
 }
 
 template <typename Element>
-cudaError_t run_row_stats(const BwdParams& p, bool vec, cudaStream_t stream) {
+cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, cudaStream_t stream) {
   RowStatsWalk w{};
-  w.lanes_log2 = row_stats_lanes_log2(p.D);
+  w.lanes_log2 = with_delta ? row_stats_lanes_log2(p.D) : 0;
   const int64_t blocks = ((num_rows(p) << w.lanes_log2) + 255) / 256;
-  w.heads_inner = std::abs(p.o_stride.h) < std::abs(p.o_stride.l) &&
+  w.heads_inner = with_delta && std::abs(p.o_stride.h) < std::abs(p.o_stride.l) &&
                   std::abs(p.do_stride.h) < std::abs(p.do_stride.l);
   w.small = num_rows(p) <= INT32_MAX;
   if (w.small) {  // then every extent fits 31 bits
@@ -157,7 +159,7 @@ cudaError_t run_row_stats(const BwdParams& p, bool vec, cudaStream_t stream) {
     w.d_mid = make_fast_div(static_cast<uint32_t>(w.heads_inner ? p.Lq : p.H));
     w.d_n = make_fast_div(static_cast<uint32_t>(p.N));
   }
-  return launch_kernel(row_stats_kernel<Element>, static_cast<size_t>(blocks), 256, 0, stream, p, vec, w);
+  return launch_kernel(row_stats_kernel<Element>, static_cast<size_t>(blocks), 256, 0, stream, p, vec, with_delta, w);
 }
 
 }  // namespace evoattn::cuda

@@ -488,21 +488,22 @@ struct BiasTilePrefetch {
 // of query rows [i0, i0 + kRows) from row `stats_row` of their (b, n, h) into stage `s` of
 // `stats` ([stage][Delta | max | log-sum][kRows]), threads 0 .. kRows - 1 one row each, by cp.async (the
 // caller commits). Rows past Lq are stored directly as (0, +inf, 0), so P = 0 there: the dK/dV
-// kernels read a stage only after the barrier that waits for its copies.
+// kernels read a stage only after the barrier that waits for its copies. Without `with_delta`
+// the Delta slot is left alone (the caller computes it there).
 template <int kRows>
 __device__ __forceinline__ void copy_row_stats(float* stats, int s, const BwdParams& p, int64_t stats_row,
-                                               int64_t i0, int tid) {
+                                               int64_t i0, int tid, bool with_delta = true) {
   if (tid < kRows) {
     const int64_t i = i0 + tid;
     float* dst = stats + s * 3 * kRows + tid;
     if (i < p.Lq) {
       const float* delta = static_cast<const float*>(p.workspace) + stats_row + i;
       const int64_t rows = num_rows(p);
-      cp_async_4(dst, delta, true);
+      if (with_delta) cp_async_4(dst, delta, true);
       cp_async_4(dst + kRows, delta + rows, true);
       cp_async_4(dst + 2 * kRows, delta + 2 * rows, true);
     } else {
-      dst[0] = 0.0f;
+      if (with_delta) dst[0] = 0.0f;
       dst[kRows] = -neg_inf();
       dst[2 * kRows] = 0.0f;
     }

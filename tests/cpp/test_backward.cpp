@@ -60,6 +60,10 @@ std::vector<Case> grid() {
     // the dQ half of warps 4..7 is 16 columns wide.
     cases.push_back(shape(1, 32, 8, 40, 200, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(1, 64, 4, 70, 200, 48, dt).biases("bn11k", "b1hqk").grads(true, true));
+    // The same kernel computing Delta in its first key block (LaunchPlan::delta_in_dkdv, as in
+    // the two above): three key blocks, the later two and both bias gradients reading it from
+    // the workspace; two query tiles, the second of 2 rows.
+    cases.push_back(shape(1, 64, 4, 66, 384, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
     // B N H = 512, more than the running-dQ slots a GPU holds (an H100: 396 at D = 16): blocks
     // reuse the slots of finished ones where the sum is in the workspace (SmallGpuVariants).
     cases.push_back(shape(1, 256, 2, 70, 72, 16, dt).biases("bn11k", "b1hqk").grads(false, true));
