@@ -39,8 +39,9 @@ if want sanitize; then
   # without key biases (B2N1H2 Lq80 Lk136 / Lk128 D24), the dK/dV kernel with warps of 32 keys
   # (B1N64H4 Lq40Lk392, B1N128H2 Lq70Lk200 D24), the pair-bias gradient in blocks of two key
   # tiles (B1N16H2 Lq100Lk240 at D 32 and 64, B1N4H2 D48, and the Lk200 cases), the dK/dV
-  # kernel in blocks of two key tiles (B1N32H8 D64, B1N64H4 D48; computing Delta over three key
-  # blocks, B1N64H4 Lq66Lk384 D64), the pair-bias gradient's walk over n at
+  # kernel in blocks of two key tiles (B1N64H4 D48; computing Delta over three key blocks,
+  # B1N64H4 Lq66Lk384 D64; B1N32H8 Lq40 D64 runs the 16-key kernel, its dQ in shared memory),
+  # the pair-bias gradient's walk over n at
   # head dim 64 with one barrier per n (B1N8H2 Lq64Lk64 D64), infinite and -1e9 pair biases, and
   # the TF32 forward.
   tests="$BUILD/tests/cpp/evoattn_tests"

@@ -55,14 +55,15 @@ std::vector<Case> grid() {
     cases.push_back(shape(1, 32, 2, 100, 240, 24, dt).biases("bn11k", "b1hqk").grads(false, true));
     cases.push_back(shape(1, 16, 2, 100, 240, 64, dt).biases("bn11k", "b1hqk").grads(false, true));
     cases.push_back(shape(1, 4, 2, 100, 240, 48, dt).biases("bn11k", "b1hqk").grads(true, true));
-    // The fused dK/dV in blocks of two key tiles (head-dim bucket 64, an even key-tile count; on
-    // an H100 the running dQ in shared memory): two key blocks, the last with 8 keys; at D = 48
-    // the dQ half of warps 4..7 is 16 columns wide.
+    // The fused dK/dV in blocks of two key tiles (head-dim bucket 64, an even key-tile count,
+    // where the 16-key kernel's resident dQ does not fit two blocks per SM; on an H100 from two
+    // query tiles on, so not at Lq = 40: there the 16-key kernel, its dQ in shared memory): two
+    // key blocks, the last with 8 keys; at D = 48 the dQ half of warps 4..7 is 16 columns wide.
     cases.push_back(shape(1, 32, 8, 40, 200, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(1, 64, 4, 70, 200, 48, dt).biases("bn11k", "b1hqk").grads(true, true));
-    // The same kernel computing Delta in its first key block (LaunchPlan::delta_in_dkdv, as in
-    // the two above): three key blocks, the later two and both bias gradients reading it from
-    // the workspace; two query tiles, the second of 2 rows.
+    // The key-pair kernel computing Delta in its first key block (LaunchPlan::delta_in_dkdv, as
+    // in the D = 48 case above): three key blocks, the later two and both bias gradients reading
+    // it from the workspace; two query tiles, the second of 2 rows.
     cases.push_back(shape(1, 64, 4, 66, 384, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
     // B N H = 512, more than the running-dQ slots a GPU holds (an H100: 396 at D = 16): blocks
     // reuse the slots of finished ones where the sum is in the workspace (SmallGpuVariants).

@@ -325,7 +325,8 @@ constexpr size_t kSm86Smem = 99 * 1024, kA100Smem = 163 * 1024;
 // fused backward's running dQ in the workspace (LaunchPlan::dq_in_smem off: all of Lq does not
 // fit two blocks per SM there), with more (b, n, h) than slots under 99 KB (blocks reuse
 // finished blocks' slots), with and without tile-bias code. And the head-dim-64 dK/dV in key
-// pairs where its O stages do not fit (170 KB at Lq = 66): Delta from the row statistics.
+// pairs where its O stages do not fit (170 KB at Lq = 66): Delta from the row statistics; and
+// under 163 KB (A100) in key pairs with one query tile, computing Delta.
 TEST(SmallGpuVariants, MatchReference) {
   if (backend_missing(Backend::kCuda)) GTEST_SKIP() << kNoCudaMessage;
   uint64_t seed = 900;
@@ -347,6 +348,7 @@ TEST(SmallGpuVariants, MatchReference) {
         {kSm86Smem, shape(1, 256, 2, 70, 72, 16, dt).biases("bn11k", "b1hqk").grads(false, true)},
         {kSm86Smem, shape(1, 256, 2, 70, 72, 24, dt)},
         {170 * 1024, shape(1, 32, 8, 66, 128, 64, dt).biases("bn11k", "b1hqk").grads(true, true)},
+        {kA100Smem, shape(1, 32, 8, 40, 256, 64, dt).biases("bn11k", "b1hqk").grads(true, true)},
     };
     for (const Run& r : runs) {
       Case c = r.c;

@@ -23,9 +23,12 @@ std::vector<Case> determinism_cases() {
   cases.push_back(shape(1, 64, 4, 97, 136, 32, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
   // Four key tiles: the dK/dV kernel with warps of 32 keys (launch_plan.h, dkdv_wide_keys).
   cases.push_back(shape(1, 64, 4, 97, 200, 32, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
-  // Head dim 64, four key tiles: the dK/dV kernel (computing Delta, LaunchPlan::delta_in_dkdv)
-  // and the pair-bias gradient (chunked) in blocks of two key tiles.
+  // Head dim 64, four key tiles: the pair-bias gradient (chunked) in blocks of two key tiles;
+  // at Lq = 40 (on an H100) the 16-key dK/dV kernel, its running dQ in shared memory, and at
+  // Lq = 130 the dK/dV kernel in blocks of two key tiles computing Delta
+  // (LaunchPlan::delta_in_dkdv).
   cases.push_back(shape(1, 32, 8, 40, 256, 64, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
+  cases.push_back(shape(1, 32, 8, 130, 256, 64, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
   // The same without a pair bias: the dK/dV kernel compiled without tile-bias code.
   cases.push_back(shape(1, 64, 4, 97, 136, 32, EVOATTN_BFLOAT16).biases("bn11k", "").grads(true, false));
   cases.push_back(shape(3, 2, 2, 40, 130, 24, EVOATTN_FLOAT32)
