@@ -201,11 +201,8 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
     const Element* do_stage = sdO + s * T::kQueryElems;
     float sum = 0.0f;
     for (int c = sub; c * 8 < p.D; c += 4) {  // not unrolled: that spilled the step loop
-      const uint4 a = *reinterpret_cast<const uint4*>(o_stage + SwizzledRows64::at(row, c));
-      const uint4 d = *reinterpret_cast<const uint4*>(do_stage + SwizzledRows64::at(row, c));
-      const Element* ea = reinterpret_cast<const Element*>(&a);
-      const Element* ed = reinterpret_cast<const Element*>(&d);
-      for (int e = 0; e < 8; ++e) sum += to_float(ea[e]) * to_float(ed[e]);
+      sum = add_chunk_dot<Element>(sum, *reinterpret_cast<const uint4*>(o_stage + SwizzledRows64::at(row, c)),
+                                   *reinterpret_cast<const uint4*>(do_stage + SwizzledRows64::at(row, c)));
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);

@@ -189,12 +189,11 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
       plan.dq_in_smem = !plan.dkdv_wide && plan.k_tiles > 1 && dq_fits_smem(p, plan, allowed);
       // Head dim 64: two key tiles a block where its resident running dQ fits the GPU (H100: Lq
       // up to 384).
-      plan.dkdv_key_pairs = bucket == 64 && plan.k_tiles % 2 == 0 && !plan.dq_in_smem &&
-                            cuda::dkdv_smem_bytes_resident_dq(plan, bucket, false, 2) <= allowed;
+      const size_t key_pair_bytes = cuda::dkdv_smem_bytes_resident_dq(plan, bucket, false, 2);
+      plan.dkdv_key_pairs = bucket == 64 && plan.k_tiles % 2 == 0 && !plan.dq_in_smem && key_pair_bytes <= allowed;
       if (plan.dkdv_key_pairs) plan.dq_in_smem = true;
       plan.delta_in_dkdv = plan.dkdv_key_pairs && cuda::bwd_fast_path(plan) && plan.vec_o &&
-                           cuda::dkdv_smem_bytes_resident_dq(plan, bucket, false, 2) +
-                                   cuda::dkdv_delta_smem_bytes(bucket) <= allowed;
+                           key_pair_bytes + cuda::dkdv_delta_smem_bytes(bucket) <= allowed;
     }
   }
   return plan;

@@ -20,6 +20,16 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(float x) { return x; }
 
+// sum + a . b over one 16-byte chunk of Elements, in element order: Delta's summation, shared
+// by the row statistics and the key-pair dK/dV that computes it itself (the same bits).
+template <typename Element>
+__device__ __forceinline__ float add_chunk_dot(float sum, uint4 a, uint4 b) {
+  const Element* ea = reinterpret_cast<const Element*>(&a);
+  const Element* eb = reinterpret_cast<const Element*>(&b);
+  for (int e = 0; e < static_cast<int>(16 / sizeof(Element)); ++e) sum += to_float(ea[e]) * to_float(eb[e]);
+  return sum;
+}
+
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {

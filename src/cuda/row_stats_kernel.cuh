@@ -94,11 +94,7 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
   if (with_delta && vec) {
     constexpr int kPer16 = 16 / sizeof(Element);
     for (int d = sub * kPer16; d < p.D; d += lanes * kPer16) {
-      const uint4 a = *reinterpret_cast<const uint4*>(o + d);
-      const uint4 c = *reinterpret_cast<const uint4*>(d_o + d);
-      const Element* ea = reinterpret_cast<const Element*>(&a);
-      const Element* ec = reinterpret_cast<const Element*>(&c);
-      for (int e = 0; e < kPer16; ++e) sum += to_float(ea[e]) * to_float(ec[e]);
+      sum = add_chunk_dot<Element>(sum, *reinterpret_cast<const uint4*>(o + d), *reinterpret_cast<const uint4*>(d_o + d));
     }
   } else if (with_delta) {
     for (int d = sub; d < p.D; d += lanes) {
