@@ -94,10 +94,10 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
 
   // Touches nothing the kernels still running (the dK/dV pass, an earlier gradient) write, and
   // writes nothing they read (its outputs, its own partials): runs beside their last blocks.
-  // Except where the dK/dV pass writes Delta (LaunchPlan::delta_in_dkdv): then it waits first.
+  // Where the dK/dV pass writes Delta (LaunchPlan::delta_in_dkdv), a Delta copied while still
+  // pending (kDeltaPending: only n of that pass's last blocks) is read again until written.
   launch_dependents();
   const WaitForPreviousGridAtExit wait_at_exit;
-  if (plan.delta_in_dkdv) wait_for_previous_grid();
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* sSeq = reinterpret_cast<Element*>(smem_raw);  // [2 stages][Q | dO | K | V]
@@ -192,6 +192,16 @@ __global__ void __launch_bounds__(128, rows_blocks_per_sm(kHeadDim))
     float* keys = sKey + stage * kBlockN;
     keys[tid] = key_bias.value_log2<true>(p, plan);
     cp_async_wait<0>();
+    // delta_in_dkdv (head-dim bucket 64 only): a row's Delta copied while still pending is read
+    // again, by its copying thread, until the dK/dV pass has written it (stats_src is already
+    // the next n's).
+    if (kHeadDim == 64 && plan.delta_in_dkdv && stats_row) {
+      float* delta = sStats + stage * 3 * kBlockM + tid;
+      while (__float_as_uint(*delta) == kDeltaPending) {
+        __nanosleep(256);
+        *delta = load_relaxed_gpu(stats_src - stats_step);
+      }
+    }
     __syncthreads();
     if (it + 1 < it_end) {
       load_stage(stage ^ 1);

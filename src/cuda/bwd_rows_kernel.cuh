@@ -444,35 +444,44 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
 }
 
 // Sums the chunks' partial tiles in chunk order and writes the bias gradient. (static: every
-// instantiation file includes this header.)
-static __global__ void __launch_bounds__(256)
+// instantiation file includes this header.) Four blocks a tile, each thread four consecutive
+// elements of a row: one 16-byte load per chunk, the tile's coordinates once per block (per
+// element they were most of its instructions).
+constexpr int kReduceThreads = 256, kReduceBlocksPerTile = kTile * kTile / (4 * kReduceThreads);
+static __global__ void __launch_bounds__(kReduceThreads)
     bias_grad_reduce_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan,
                             const __grid_constant__ RowsTask task) {
   start_after_previous_grid();  // before any global memory access (kernel_launch.h)
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= task.blocks * kTile * kTile) return;
-  const int64_t block = e / (kTile * kTile);
-  const int r = static_cast<int>(e / kTile % kTile), c = static_cast<int>(e % kTile);
+  const int64_t block = blockIdx.x / kReduceBlocksPerTile;
+  const int e = (blockIdx.x % kReduceBlocksPerTile) * (4 * kReduceThreads) + 4 * threadIdx.x;
+  const int r = e / kTile, c = e % kTile;
   const TileCoord out = rows_coord(task, p, plan, block, 0);
   const int64_t i = out.qt * kTile + r, j = out.kt * kTile + c;
-  if ((task.loop_q && r > 0) || (task.loop_k && c > 0) || i >= p.Lq || j >= p.Lk) return;
-  float v = 0.0f;
+  if ((task.loop_q && r > 0) || i >= p.Lq || j >= p.Lk) return;
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4* src = reinterpret_cast<const float4*>(task.partials + block * kTile * kTile + e);
+  const int64_t chunk_step = task.blocks * kTile * kTile / 4;
   for (int64_t chunk = 0; chunk < task.chunks; ++chunk) {
-    v += task.partials[(chunk * task.blocks + block) * kTile * kTile + r * kTile + c];
+    const float4 x = __ldcg(src + chunk * chunk_step);
+    v.x += x.x;
+    v.y += x.y;
+    v.z += x.z;
+    v.w += x.w;
   }
   const BiasGradParams& gp = p.dbias[task.grad_slot];
-  store_any(gp.ptr, gp.dtype,
-            out.b * gp.stride.b + out.n * gp.stride.n + out.h * gp.stride.h + i * gp.stride.q +
-                j * gp.stride.k,
-            v);
+  const int64_t at = out.b * gp.stride.b + out.n * gp.stride.n + out.h * gp.stride.h + i * gp.stride.q;
+  const float values[4] = {v.x, v.y, v.z, v.w};
+  for (int q = 0; q < 4; ++q) {
+    if ((task.loop_k && c + q > 0) || j + q >= p.Lk) break;
+    store_any(gp.ptr, gp.dtype, at + (j + q) * gp.stride.k, values[q]);
+  }
 }
 
 // After a chunked gradient's kernel (task.partials set): sums its partials in chunk order.
 static inline cudaError_t run_bias_grad_reduce(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                                                cudaStream_t stream) {
-  const int64_t elements = task.blocks * kTile * kTile;
-  return launch_kernel(bias_grad_reduce_kernel, static_cast<size_t>((elements + 255) / 256), 256, 0, stream, p,
-                       plan, task);
+  return launch_kernel(bias_grad_reduce_kernel, static_cast<size_t>(task.blocks * kReduceBlocksPerTile),
+                       kReduceThreads, 0, stream, p, plan, task);
 }
 
 template <typename Element, int kHeadDim, bool kFast>

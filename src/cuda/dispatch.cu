@@ -215,7 +215,8 @@ cudaError_t fwd_tf32(const FwdParams& p, cudaStream_t stream) {
 // d_mask_bias][partials of d_pair_bias], each part starting 256-byte aligned (the total is the
 // end of the last part: no padding after it); the running dQ (plan.dq_slots slots of [Lq,
 // dq_width] floats) only when the dK/dV kernel computes dQ over more than one key tile
-// (LaunchPlan::fuse_dq). chunk_budget keeps the total within SPEC's bound.
+// (LaunchPlan::fuse_dq), with its slots' busy flags, which the row statistics zero (no memset
+// on the stream between the kernels). chunk_budget keeps the total within SPEC's bound.
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {
@@ -248,8 +249,8 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
   return w;
 }
 
-// After run_row_stats. The running-dQ slots' flags were zeroed before it (bwd_mma), so that
-// the kernels follow each other with no other stream operation between them (kernel_launch.h).
+// After run_row_stats, which zeroed the running-dQ slots' flags (bwd_mma): the kernels follow
+// each other with no other stream operation between them (kernel_launch.h).
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, const WorkspaceLayout& layout,
                          cudaStream_t stream) {
@@ -305,12 +306,13 @@ template <typename Element>
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = bwd_launch_plan(p);
   const WorkspaceLayout layout = workspace_layout(p, plan);
-  if (layout.dq_accum_offset != 0) {
-    void* busy = static_cast<char*>(p.workspace) + layout.dq_busy_offset;
-    if (cudaError_t e = cudaMemsetAsync(busy, 0, plan.dq_slots * sizeof(int), stream)) return e;
-  }
   // With delta_in_dkdv the key-pair dK/dV computes Delta: the row statistics read only the LSE.
-  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, !plan.delta_in_dkdv, stream)) {
+  // They also zero the running-dQ slots' busy flags, before the dK/dV kernel starts.
+  int* busy = layout.dq_accum_offset != 0
+                  ? reinterpret_cast<int*>(static_cast<char*>(p.workspace) + layout.dq_busy_offset)
+                  : nullptr;
+  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, !plan.delta_in_dkdv, busy,
+                                                   busy != nullptr ? plan.dq_slots : 0, stream)) {
     return e;
   }
   return with_head_dim(p.D, [&](auto hd) {
@@ -320,7 +322,7 @@ cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
 
 cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kSimtTile, cuda::kSimtTile);
-  if (cudaError_t e = cuda::run_row_stats<float>(p, false, true, stream)) return e;
+  if (cudaError_t e = cuda::run_row_stats<float>(p, false, true, nullptr, 0, stream)) return e;
   if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !p.dbias[slot].requested) continue;

@@ -106,13 +106,20 @@ struct LaunchPlan {
   // over the query tiles (O copied beside dO; bwd_launch_plan: the key-pair fast path, 16-byte
   // O rows, and two stages of O fit beside the resident dQ), and writes it to the workspace for
   // its later key blocks and the bias-gradient kernels after it. The row statistics then read
-  // only the LSE.
+  // only the LSE, and mark each Delta pending (kDeltaPending): the pair-bias gradient runs
+  // beside the dK/dV pass's last blocks and waits only for a Delta it reads that is still
+  // pending.
   bool delta_in_dkdv;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x blocks per SM) >= 1: bwd_launch_plan
   int* dq_slot_busy;
 };
+
+// A Delta not yet written by the key-pair dK/dV (LaunchPlan::delta_in_dkdv): a NaN whose payload
+// no arithmetic produces (the GPU's NaN results are 0x7fffffff, and NaNs widened from 16-bit
+// inputs have zero low bits), so the value itself tells that it is ready: no flag, no fence.
+constexpr uint32_t kDeltaPending = 0x7fbad1eau;
 
 // What the kernels compiled for the common case (their `kFast`) need of every call: 16-byte
 // Q, K, V rows, at most one key-bias slot, and no tile bias or one the fast tile path takes.

@@ -53,6 +53,13 @@ struct WaitForPreviousGridAtExit {
   __device__ __forceinline__ ~WaitForPreviousGridAtExit() { wait_for_previous_grid(); }
 };
 
+// A float another grid may still be writing (a pending Delta, kDeltaPending): read at GPU
+// scope, never from a stale L1 line.
+__device__ __forceinline__ float load_relaxed_gpu(const float* x) {
+  float value;
+  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];\n" : "=f"(value) : "l"(x) : "memory");
+  return value;
+}
 // 16-byte global -> shared copy; `valid` = false writes 16 zero bytes instead (zero-fill).
 // The memory clobbers keep the compiler from moving shared-memory accesses across the copy
 // and the wait.

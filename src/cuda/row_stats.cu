@@ -3,7 +3,7 @@
 #include "cuda/row_stats_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t run_row_stats<__half>(const BwdParams&, bool, bool, cudaStream_t);
-template cudaError_t run_row_stats<__nv_bfloat16>(const BwdParams&, bool, bool, cudaStream_t);
-template cudaError_t run_row_stats<float>(const BwdParams&, bool, bool, cudaStream_t);
+template cudaError_t run_row_stats<__half>(const BwdParams&, bool, bool, int*, int64_t, cudaStream_t);
+template cudaError_t run_row_stats<__nv_bfloat16>(const BwdParams&, bool, bool, int*, int64_t, cudaStream_t);
+template cudaError_t run_row_stats<float>(const BwdParams&, bool, bool, int*, int64_t, cudaStream_t);
 }  // namespace evoattn::cuda

@@ -57,10 +57,14 @@ struct RowStatsWalk {
 
 template <typename Element>
 __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ BwdParams p, bool vec,
-                                                        bool with_delta, const RowStatsWalk split) {
+                                                        bool with_delta, const RowStatsWalk split, int* zero,
+                                                        int64_t zero_count) {
   start_after_previous_grid();  // before any global memory access (kernel_launch.h)
   const int64_t rows = num_rows(p);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // The sync part (flags and counters of the kernels after this one), complete when they pass
+  // their wait.
+  for (int64_t z = thread; z < zero_count; z += static_cast<int64_t>(gridDim.x) * blockDim.x) zero[z] = 0;
   const int lanes = 1 << split.lanes_log2, sub = static_cast<int>(thread & (lanes - 1));
   const bool live = (thread >> split.lanes_log2) < rows;
   const int64_t walk = live ? thread >> split.lanes_log2 : rows - 1;  // rows' lanes stay whole
@@ -104,7 +108,8 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
   for (int x = 1; x < lanes; x *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
   if (!live || sub != 0) return;
   const float lse = p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q];
-  if (with_delta) delta[row] = sum;
+  // Without Delta the key-pair dK/dV writes it; until then it reads as pending.
+  delta[row] = with_delta ? sum : __uint_as_float(kDeltaPending);
   row_max[row] = lse == neg_inf() ? -neg_inf() : lse * kLog2e;
   row_log_sum[row] = 0.0f;
   if (!recompute_row_stats(lse, p.D)) return;
@@ -143,7 +148,8 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
 }
 
 template <typename Element>
-cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, cudaStream_t stream) {
+cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, int* zero, int64_t zero_count,
+                          cudaStream_t stream) {
   RowStatsWalk w{};
   w.lanes_log2 = with_delta ? row_stats_lanes_log2(p.D) : 0;
   const int64_t blocks = ((num_rows(p) << w.lanes_log2) + 255) / 256;
@@ -155,7 +161,8 @@ cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, cudaStr
     w.d_mid = make_fast_div(static_cast<uint32_t>(w.heads_inner ? p.Lq : p.H));
     w.d_n = make_fast_div(static_cast<uint32_t>(p.N));
   }
-  return launch_kernel(row_stats_kernel<Element>, static_cast<size_t>(blocks), 256, 0, stream, p, vec, with_delta, w);
+  return launch_kernel(row_stats_kernel<Element>, static_cast<size_t>(blocks), 256, 0, stream, p, vec, with_delta, w,
+                       zero, zero_count);
 }
 
 }  // namespace evoattn::cuda
