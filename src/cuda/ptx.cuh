@@ -44,8 +44,9 @@ __device__ __forceinline__ void start_after_previous_grid() {
   launch_dependents();
 }
 // For a kernel that touches nothing its predecessor writes and writes nothing its predecessor
-// reads (a bias gradient after the dK/dV pass, unless that pass writes Delta:
-// LaunchPlan::delta_in_dkdv, when it waits at its start too): it waits only as it exits, so its completion
+// reads (a bias gradient after the dK/dV pass; where that pass writes Delta,
+// LaunchPlan::delta_in_dkdv, bwd_rows waits at its start too and the pair-bias kernel re-reads a
+// Delta still pending, kDeltaPending): it waits only as it exits, so its completion
 // still implies the predecessor's and the stream's order holds for whatever comes after it. What
 // it reads from earlier kernels (the row statistics) is complete: its predecessor let it launch
 // only after its own wait (start_after_previous_grid).
