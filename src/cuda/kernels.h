@@ -39,8 +39,9 @@ template <int kHeadDim>
 cudaError_t run_fwd_tf32(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 
 // The backward's row statistics (Delta, row max, row log-sum) for every dtype (row_stats.cu);
-// without `with_delta` only row max and row log-sum (LaunchPlan::delta_in_dkdv). It also zeroes
-// `zero_count` ints at `zero` (the workspace's sync part) for the kernels after it.
+// without `with_delta` only row max and row log-sum, and Delta marked pending
+// (LaunchPlan::delta_in_dkdv). It also zeroes `zero_count` ints at `zero` (the running-dQ
+// slots' busy flags) for the dK/dV kernel after it.
 template <typename Element>
 cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, int* zero, int64_t zero_count,
                           cudaStream_t stream);

@@ -62,8 +62,7 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
   start_after_previous_grid();  // before any global memory access (kernel_launch.h)
   const int64_t rows = num_rows(p);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  // The sync part (flags and counters of the kernels after this one), complete when they pass
-  // their wait.
+  // The running-dQ slots' busy flags: zero before the dK/dV kernel passes its wait.
   for (int64_t z = thread; z < zero_count; z += static_cast<int64_t>(gridDim.x) * blockDim.x) zero[z] = 0;
   const int lanes = 1 << split.lanes_log2, sub = static_cast<int>(thread & (lanes - 1));
   const bool live = (thread >> split.lanes_log2) < rows;
