@@ -252,13 +252,8 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
 // After run_row_stats, which zeroed the running-dQ slots' flags (bwd_mma): the kernels follow
 // each other with no other stream operation between them (kernel_launch.h).
 template <typename Element, int kHeadDim, bool kFast>
-cudaError_t bwd_mma_path(const BwdParams& p, LaunchPlan plan, const WorkspaceLayout& layout,
+cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout,
                          cudaStream_t stream) {
-  if (layout.dq_accum_offset != 0) {
-    char* base = static_cast<char*>(p.workspace);
-    plan.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum_offset);
-    plan.dq_slot_busy = reinterpret_cast<int*>(base + layout.dq_busy_offset);
-  }
   auto run_dkdv = [&] {
     if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's DKDV_NO_TILE_HEAD_DIMS
       if (cuda::dkdv_no_tile(p, kHeadDim)) {
@@ -304,15 +299,18 @@ cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, const Works
 
 template <typename Element>
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
-  const LaunchPlan plan = bwd_launch_plan(p);
+  LaunchPlan plan = bwd_launch_plan(p);
   const WorkspaceLayout layout = workspace_layout(p, plan);
+  if (layout.dq_accum_offset != 0) {
+    char* base = static_cast<char*>(p.workspace);
+    plan.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum_offset);
+    plan.dq_slot_busy = reinterpret_cast<int*>(base + layout.dq_busy_offset);
+  }
   // With delta_in_dkdv the key-pair dK/dV computes Delta: the row statistics read only the LSE.
   // They also zero the running-dQ slots' busy flags, before the dK/dV kernel starts.
-  int* busy = layout.dq_accum_offset != 0
-                  ? reinterpret_cast<int*>(static_cast<char*>(p.workspace) + layout.dq_busy_offset)
-                  : nullptr;
-  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, !plan.delta_in_dkdv, busy,
-                                                   busy != nullptr ? plan.dq_slots : 0, stream)) {
+  if (cudaError_t e = cuda::run_row_stats<Element>(p, plan.vec_o && plan.vec_do, !plan.delta_in_dkdv,
+                                                   plan.dq_slot_busy,
+                                                   plan.dq_slot_busy != nullptr ? plan.dq_slots : 0, stream)) {
     return e;
   }
   return with_head_dim(p.D, [&](auto hd) {
