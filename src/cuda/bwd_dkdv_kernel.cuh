@@ -357,18 +357,23 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
       // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
       if (delta_now) __syncthreads();  // every row's Delta is in the stage
       const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
+      // kFast: the only tile is the fast one, and raw_tile holds zeros without it, so the scores
+      // read it unconditionally (a select per score was 3% of the loop's instructions).
       float raw_tile[kQTiles][4];
       if (fast_tile) {
         RawBiasTile::read_transposed<Element, kQTiles>(
             sRawTile + (stage * kKeyTiles + key_tile) * RawBiasTile::kElems, tile_row, lane, raw_tile);
+      } else if (kFast) {
+        for (int nt = 0; nt < kQTiles; ++nt)
+          for (int e = 0; e < 4; ++e) raw_tile[nt][e] = 0.0f;
       }
       for (int nt = 0; nt < kQTiles; ++nt) {
         for (int e = 0; e < 4; ++e) {
           const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
           // Key biases are stored times log2(e); the tile in natural units.
-          const float tile = fast_tile              ? raw_tile[nt][e]
-                             : !kFast && has_tile ? sTile[query * kTileStride + key]
-                                                  : 0.0f;
+          const float tile = kFast || fast_tile ? raw_tile[nt][e]
+                             : has_tile         ? sTile[query * kTileStride + key]
+                                                : 0.0f;
           const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
           const float prob = exp2_approx((x - row_max[query]) - row_log_sum[query]);
           s[nt][e] = prob;
