@@ -132,6 +132,15 @@ void make_rows_masked(const Case& c, Inputs& in) {
     }
   } else if (c.masked_rows == MaskedRows::kPairMinus1e9) {
     util::fill_value(narrow(in.pair_bias.view, {0, 0, 0, 0}), -1e9);
+  } else if (c.masked_rows == MaskedRows::kFirstKeyTile) {
+    for (int64_t k = 0; k < std::min<int64_t>(64, c.Lk); ++k) {
+      util::fill_value(narrow(in.mask_bias.view, {0, 0, 0, 0, k}), -1e9);
+      if (in.mask.view.data) {
+        util::fill_value(narrow(in.mask.view, {c.B - 1, c.N - 1, k}), 0.0);
+      } else {
+        util::fill_value(narrow(in.mask_bias.view, {c.B - 1, c.N - 1, 0, 0, k}), -kInf);
+      }
+    }
   }
 }
 
@@ -176,6 +185,7 @@ std::string Case::name() const {
   if (masked_rows == MaskedRows::kMinus1e9) s << "_rows1e9";
   if (masked_rows == MaskedRows::kPairMinusInf) s << "_pairinf";
   if (masked_rows == MaskedRows::kPairMinus1e9) s << "_pair1e9";
+  if (masked_rows == MaskedRows::kFirstKeyTile) s << "_firsttile";
   if (layout != Layout::kContiguous) s << "_in_" << layout_name(layout);
   if (out_layout != Layout::kContiguous) s << "_out_" << layout_name(out_layout);
   if (scale != 0.0) s << "_scaled" << (scale < 0 ? "neg" : "") << static_cast<int64_t>(std::fabs(scale) * 100);

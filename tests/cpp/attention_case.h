@@ -41,6 +41,10 @@ enum class MaskedRows {
   // of row 1 (the other keys of row 1 stay: IEEE, not a whole-row rule)
   kPairMinusInf,
   kPairMinus1e9,  // pair_bias -1e9 on every key of query row 0 at (b, h) = (0, 0); float32 scores
+  // Keys 0..63 (a CUDA key tile) masked, the rest not: by a -1e9 mask_bias at (b, n) = (0, 0),
+  // at (B-1, N-1) by the boolean mask if there is one, else a -inf mask_bias. The forward's
+  // first key tile of those rows holds no key.
+  kFirstKeyTile,
 };
 
 struct Case {

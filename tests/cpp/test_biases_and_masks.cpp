@@ -74,6 +74,18 @@ std::vector<Case> masked_row_cases() {
       cases.push_back(pair);
     }
   }
+  // Rows whose first key tile is masked and later ones not, at head dim 64 with a shared pair
+  // bias (the CUDA wide-warp forward: a reference max of -inf or -1e9 log2 e after the first
+  // tile, which the next scores pass by far), with and without a boolean mask.
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    for (bool with_mask : {false, true}) {
+      Case first = shape(1, 32, 8, 70, 136, 64, dt).biases("bn11k", "b1hqk").grads(true, true);
+      if (with_mask) first.with_mask("bnk");
+      first.masked_rows = MaskedRows::kFirstKeyTile;
+      first.bias_f32 = dt == EVOATTN_FLOAT16;  // -1e9 is -inf in float16
+      cases.push_back(first);
+    }
+  }
   Case tiny = shape(2, 1, 3, 1, 2, 8, EVOATTN_FLOAT32).biases("bn11k", "").grads(true, false);
   tiny.mask = "bnk";
   tiny.masked_rows = MaskedRows::kMinusInf;
