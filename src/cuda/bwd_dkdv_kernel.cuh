@@ -134,6 +134,11 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   // their instantiation has no unfused walk and no workspace running dQ (whose copies assume
   // 128 threads).
   constexpr bool kResidentDqOnly = kKeyTiles != 1;
+  // Key pairs walk items (b, n, h) blockIdx.x, + gridDim.x, ... (a grid of at most the blocks
+  // the GPU holds at once; one block per SM): the last step of each key block issues the next
+  // key block's K and V (the next item's, after an item's last) and the next item's first query
+  // tile, so neither a key block's nor an item's start waits for its loads.
+  constexpr bool kPersistent = kKeyTiles == 2;
   int64_t block = blockIdx.x;
   const bool fuse_dq = T::kFusesDq && (kResidentDqOnly || plan.fuse_dq);
   int kt_first = 0, kt_end = kKeyTiles == 1 ? plan.k_tiles : (plan.k_tiles + kKeyTiles - 1) / kKeyTiles;
@@ -142,14 +147,35 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
     kt_end = kt_first + 1;
     block /= plan.k_tiles;
   }
-  const int64_t bnh = block;
-  const int64_t h = block % p.H;
-  block /= p.H;
-  const int64_t n = block % p.N, b = block / p.N;
+  // kPersistent (kFast: LaunchPlan::offsets32): 32-bit coordinates, fewer registers across the
+  // loops (as 64-bit, the step loop spilled).
+  using ItemIndex = std::conditional_t<kPersistent, int32_t, int64_t>;
+  struct KeyItem {
+    ItemIndex b, n, h, bnh;  // bnh = h + H (n + N b): the item's index in the walk
+  };
+  // The item after `at` in this block's walk, if any (kPersistent).
+  auto has_item_after = [&](const KeyItem& at) {
+    return kPersistent && static_cast<int64_t>(at.bnh) + gridDim.x < p.B * p.N * p.H;
+  };
+  auto item_at = [&](int64_t bnh) {
+    KeyItem at;
+    at.bnh = static_cast<ItemIndex>(bnh);
+    if (kPersistent) {  // kFast: fewer than 2^31 items (LaunchPlan::offsets32)
+      uint32_t h, n;
+      at.b = fast_divmod(fast_divmod(static_cast<uint32_t>(bnh), plan.bnh_div[0], h), plan.bnh_div[1], n);
+      at.n = n;
+      at.h = h;
+    } else {
+      at.h = bnh % p.H;
+      at.n = bnh / p.H % p.N;
+      at.b = bnh / p.H / p.N;
+    }
+    return at;
+  };
+  KeyItem item = item_at(block);
 
   // Row pointers are rebuilt from the parameters where used: kept live across the loops they
   // would push the D <= 32 variants past their 168 registers.
-  const int64_t stats_row = bnh * p.Lq;
   const bool has_tile = !kNoTile && plan.tile_slots != 0;
   const bool fast_tile = !kNoTile && plan.tile_fast_slot >= 0;
   const BiasFill fill = bias_fill_slice<T::kThreads>(false, tid, tid);
@@ -168,28 +194,29 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   // block); without `with_delta` the stage's Delta is left to compute_delta.
   using QCopy = SeqTileCopy<Element, kBlockM, kHeadDim, 128>;
   // kFast: 32-bit offsets (bwd_fast_path: LaunchPlan::offsets32).
-  auto bnh32 = [&](const SeqStrides& st) {
-    return bnh_offset(st, static_cast<int>(b), static_cast<int>(n), static_cast<int>(h));
+  auto bnh32 = [&](const SeqStrides& st, const KeyItem& at) {
+    return bnh_offset(st, static_cast<int>(at.b), static_cast<int>(at.n), static_cast<int>(at.h));
   };
-  auto load_query_tile = [&](int qt, int s, bool with_o, bool with_delta) {
+  // `at`: the item whose tile it is (the next item's first, from an item's last step).
+  auto load_query_tile = [&](int qt, int s, bool with_o, bool with_delta, const KeyItem& at) {
     const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
     if constexpr (kFast) {
       const int row0 = qt * kBlockM, lq = static_cast<int>(p.Lq);
       copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads, kSwizzled>(sQ + s * T::kQueryElems,
-          static_cast<const Element*>(p.q), bnh32(p.q_stride), row0, lq, static_cast<int>(p.q_stride.l), p.D, tid);
+          static_cast<const Element*>(p.q), bnh32(p.q_stride, at), row0, lq, static_cast<int>(p.q_stride.l), p.D, tid);
       copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads, kSwizzled>(sdO + s * T::kQueryElems,
-          static_cast<const Element*>(p.d_o), bnh32(p.do_stride), row0, lq, static_cast<int>(p.do_stride.l), p.D, tid);
+          static_cast<const Element*>(p.d_o), bnh32(p.do_stride, at), row0, lq, static_cast<int>(p.do_stride.l), p.D, tid);
       if (kKeyTiles == 2 && with_o) {
         copy_seq_tile32<Element, kBlockM, kHeadDim, T::kThreads, kSwizzled>(sO + s * T::kQueryElems,
-            static_cast<const Element*>(p.o), bnh32(p.o_stride), row0, lq, static_cast<int>(p.o_stride.l), p.D, tid);
+            static_cast<const Element*>(p.o), bnh32(p.o_stride, at), row0, lq, static_cast<int>(p.o_stride.l), p.D, tid);
       }
     } else {
-      const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, b, n, h)};
-      const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, b, n, h)};
+      const QCopy q_copy{row_ptr<Element>(p.q, p.q_stride, at.b, at.n, at.h)};
+      const QCopy do_copy{row_ptr<Element>(p.d_o, p.do_stride, at.b, at.n, at.h)};
       q_copy.copy(sQ + s * T::kQueryElems, i0, p.Lq, p.D, plan.vec_q, tid);
       do_copy.copy(sdO + s * T::kQueryElems, i0, p.Lq, p.D, plan.vec_do, tid);
     }
-    copy_row_stats<kBlockM>(sStats, s, p, stats_row, i0, tid, with_delta);
+    copy_row_stats<kBlockM>(sStats, s, p, at.bnh * p.Lq, i0, tid, with_delta);
   };
   // delta_in_dkdv: Delta of query tile `qt` (in stage `s`) from its O and dO, four threads a row
   // summing chunks sub and sub + 4 and then across the four, as row_stats_kernel at this head
@@ -212,25 +239,57 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
       const float delta = inside ? sum : 0.0f;
       sStats[s * 3 * kBlockM + row] = delta;
       if (also_next) sStats[(s ^ 1) * 3 * kBlockM + row] = delta;
-      if (inside) static_cast<float*>(p.workspace)[stats_row + i] = delta;
+      if (inside) static_cast<float*>(p.workspace)[item.bnh * p.Lq + i] = delta;
     }
   };
   // The raw bias tiles (query tile qt, key block kt) into stage `s` (fast_tile; cp.async): each
   // key tile's by 128 threads.
-  auto load_raw_tile = [&](int qt, int kt, int s) {
+  auto load_raw_tile = [&](int qt, int kt, int s, const KeyItem& at) {
     using Index = std::conditional_t<kFast, int32_t, int64_t>;
     const int part = kKeyTiles == 1 ? 0 : tid / 128, copy_tid = kKeyTiles == 1 ? tid : tid % 128;
     RawBiasTileStream<Index> copy;
-    copy.start(p, plan, copy_tid, static_cast<Index>(b), static_cast<Index>(n), static_cast<Index>(h),
+    copy.start(p, plan, copy_tid, static_cast<Index>(at.b), static_cast<Index>(at.n), static_cast<Index>(at.h),
                static_cast<Index>(qt) * kBlockM, static_cast<Index>(kt) * kBlockN + part * kTile);
     copy.copy_next(sRawTile + (s * kKeyTiles + part) * RawBiasTile::kElems, plan, copy_tid);
   };
-  load_query_tile(0, 0, delta_here, !delta_here);
-  if (fast_tile) load_raw_tile(0, kt_first, 0);
+  // K and V of key block kt of `at` into k_dst (sK, or a staging buffer) and sV (cp.async; the
+  // caller commits).
+  auto load_keys = [&](int kt, const KeyItem& at, Element* k_dst) {
+    if constexpr (kFast) {
+      const int lk = static_cast<int>(p.Lk);
+      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads, kSwizzled>(k_dst, static_cast<const Element*>(p.k),
+          bnh32(p.k_stride, at), kt * kBlockN, lk, static_cast<int>(p.k_stride.l), p.D, tid);
+      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads, kSwizzled>(sV, static_cast<const Element*>(p.v),
+          bnh32(p.v_stride, at), kt * kBlockN, lk, static_cast<int>(p.v_stride.l), p.D, tid);
+    } else {
+      const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
+      load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(k_dst, row_ptr<Element>(p.k, p.k_stride, at.b, at.n, at.h), j0, p.Lk, p.D, plan.vec_k, tid);
+      load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, at.b, at.n, at.h), j0, p.Lk, p.D, plan.vec_v, tid);
+    }
+  };
+  // Thread tid's key bias of key block kt of `at` (tid < kBlockN), loaded.
+  auto key_bias_of = [&](int kt, const KeyItem& at) {
+    KeyBiasPrefetch key_bias;
+    key_bias.start(p, plan, at.b, at.n, at.h);
+    key_bias.load<kFast>(p, plan, at.b, at.n, at.h, static_cast<int64_t>(kt) * kBlockN + tid);
+    return key_bias;
+  };
+  // kPersistent: where the next key block's K waits while this one's dQ still reads sK: the
+  // raw-tile stage of the key block's last step (read by its scores, before the dQ barrier;
+  // next written by the next key block's first step, after the copy into sK).
+  constexpr int kKeyChunks = kBlockN * kHeadDim * static_cast<int>(sizeof(Element)) / 16;
+  static_assert(!kPersistent || (kSwizzled && !kNoTile &&
+                                 kKeyChunks * 16 <= kKeyTiles * RawBiasTile::kElems * sizeof(uint16_t)),
+                "a staged K tile fits one raw-tile stage");
+  auto k_staging = [&](int s) { return reinterpret_cast<Element*>(sRawTile + s * kKeyTiles * RawBiasTile::kElems); };
+
+  load_query_tile(0, 0, delta_here, !delta_here, item);
+  if (fast_tile) load_raw_tile(0, kt_first, 0, item);
   cp_async_commit();
 
   // cp.async groups, in issue order: per key tile its K, V; per query tile the running dQ
-  // (empty unless fuse_dq past the first key tile) and then the next query tile's Q, dO.
+  // (empty unless fuse_dq past the first key tile) and then the next query tile's Q, dO;
+  // kPersistent: after the last query tile's dQ barrier the next key block's K and V.
   // Stage of a query tile: the parity of its position in the block's walk. The walk snakes:
   // odd key tiles take the query tiles in reverse, so the running dQ (and Q, dO) a key tile
   // starts with are the ones the previous one just left, still in L2.
@@ -238,215 +297,240 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   // generic variant fills a single float tile at each step's start and keeps three).
   constexpr bool kTwoBarriers = kFast;
   int walk = 0;
-  for (int kt = kt_first; kt < kt_end; ++kt) {
-    const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
-    // The previous key tile's last barrier freed K, V and the key biases (kTwoBarriers: this
-    // one).
-    if (kTwoBarriers && kt > kt_first) __syncthreads();
-    if constexpr (kFast) {
-      const int lk = static_cast<int>(p.Lk);
-      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads, kSwizzled>(sK, static_cast<const Element*>(p.k),
-          bnh32(p.k_stride), kt * kBlockN, lk, static_cast<int>(p.k_stride.l), p.D, tid);
-      copy_seq_tile32<Element, kBlockN, kHeadDim, T::kThreads, kSwizzled>(sV, static_cast<const Element*>(p.v),
-          bnh32(p.v_stride), kt * kBlockN, lk, static_cast<int>(p.v_stride.l), p.D, tid);
-    } else {
-      load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sK, row_ptr<Element>(p.k, p.k_stride, b, n, h), j0, p.Lk, p.D, plan.vec_k, tid);
-      load_rows_to_smem<Element, kBlockN, kHeadDim, 128>(sV, row_ptr<Element>(p.v, p.v_stride, b, n, h), j0, p.Lk, p.D, plan.vec_v, tid);
-    }
-    cp_async_commit();
-    if (tid < kBlockN) {  // the key tile's biases load once
-      KeyBiasPrefetch key_bias;
-      key_bias.start(p, plan, b, n, h);
-      key_bias.load<kFast>(p, plan, b, n, h, j0 + tid);
-      sKey[tid] = key_bias.value_log2<kFast>(p, plan);
-    }
-    const bool accumulate_dq = fuse_dq && kt > kt_first;
-
-    float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
-    for (int d = 0; d < kDTiles; ++d)
-      for (int e = 0; e < 4; ++e) acc_dk[d][e] = acc_dv[d][e] = 0.0f;
-
-    uint32_t ka_held[kKSteps][4], va_held[kKSteps][4];  // kHoldKeyFragments: from query step 0
-    const bool reverse = (kt - kt_first) & 1;
-    for (int step = 0; step < plan.q_tiles; ++step, ++walk) {
-      const int stage = walk & 1;
-      const int qt = reverse ? plan.q_tiles - 1 - step : step;
-      const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
-      if (!kFast && has_tile && !fast_tile) {
-        fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, b, n, h, i0, j0);
-      }
-      if constexpr (kTwoBarriers) {
-        // Publishes this step's query tile (at step 0 also K and V) and tells that every warp
-        // has left the previous step, whose stage, running dQ and dS^T are rewritten next.
-        cp_async_wait<0>();
+  for (;;) {
+    const bool has_next_item = has_item_after(item);
+    for (int kt = kt_first; kt < kt_end; ++kt) {
+      const int64_t j0 = static_cast<int64_t>(kt) * kBlockN;
+      // K, V and the key biases: loaded here for a block's first key block; otherwise issued by
+      // the previous key block's last step (staged: kPersistent), or loaded here once the
+      // previous key tile's last barrier freed them (kTwoBarriers: this one).
+      const bool staged = kPersistent && (kt > kt_first || item.bnh != block);
+      if (kTwoBarriers && (kt > kt_first || staged)) {
+        if (staged) cp_async_wait<0>();  // the barrier then publishes every thread's staged chunks
         __syncthreads();
       }
-      if (accumulate_dq && !dq_in_smem) {  // the query tile's running dQ, needed after the scores
-        copy_running_dq<kHeadDim, kBlockM>(sdQ, dq_accum, i0, p.Lq, plan, tid);
-      }
-      cp_async_commit();
-      const bool last_kt = kt + 1 == kt_end;
-      const bool last_step = step + 1 == plan.q_tiles;
-      const bool has_next = !last_step || !last_kt;
-      if (has_next) {
-        // The next tile: the walk's neighbour, or this query tile again for the next key tile.
-        const int next_qt = last_step ? qt : reverse ? qt - 1 : qt + 1;
-        // delta_in_dkdv: the tiles loaded during the first key block get their Delta from
-        // compute_delta (the last one, this tile again, from this step's).
-        const bool first_block = delta_here && kt == kt_first;
-        load_query_tile(next_qt, stage ^ 1, first_block && !last_step, !first_block);
-        if (fast_tile) load_raw_tile(next_qt, last_step ? kt + 1 : kt, stage ^ 1);
+      if (staged) {
+        const uint4* from = reinterpret_cast<const uint4*>(k_staging((walk & 1) ^ 1));
+        uint4* to = reinterpret_cast<uint4*>(sK);
+        for (int c = tid; c < kKeyChunks; c += T::kThreads) to[c] = from[c];
+      } else {
+        load_keys(kt, item, sK);
         cp_async_commit();
-        if constexpr (!kTwoBarriers) cp_async_wait<2>();  // all but the running dQ and the next query tile
-      } else if constexpr (!kTwoBarriers) {
-        cp_async_wait<1>();
+        if (tid < kBlockN) sKey[tid] = key_bias_of(kt, item).template value_log2<kFast>(p, plan);
       }
-      if constexpr (!kTwoBarriers) __syncthreads();
+      const bool accumulate_dq = fuse_dq && kt > kt_first;
 
-      // delta_in_dkdv: the first key block's tiles get their Delta here, published by one more
-      // barrier before dS. (Computed in the step before, behind its dQ barrier, it made that
-      // barrier wait for the next tile's copies: the pass 50 us slower on tri256d64, ncu.)
-      const bool delta_now = delta_here && kt == kt_first;
-      if (delta_now) compute_delta(qt, stage, last_step);
-      const Element* Qs = sQ + stage * T::kQueryElems;
-      const Element* dOs = sdO + stage * T::kQueryElems;
-      // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
-      // Up to head dim 32 dP^T's accumulators start at -Delta of their columns (queries), so
-      // they end as dP^T - Delta: one FADD a score less (H100, same-run A/B: msacol and extramsa
-      // f+b 2% faster); at 64 and 128 that cost the loop spills (tri256d64 f+b 2% slower).
-      constexpr bool kDeltaInit = kHeadDim <= 32;
-      const float* dlt = sStats + stage * 3 * kBlockM;
-      const float* row_max = dlt + kBlockM;
-      const float* row_log_sum = dlt + 2 * kBlockM;
-      float s[kQTiles][4], dp[kQTiles][4];
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 d = *reinterpret_cast<const float2*>(dlt + nt * 8 + 2 * t);
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = 0.0f;
-          dp[nt][e] = kDeltaInit ? -(e % 2 ? d.y : d.x) : 0.0f;
-        }
-      }
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        uint32_t ka[4], va[4];
-        const int a_off = kSwizzled ? swizzled_at(warp_row + lane % 16, 2 * kk + lane / 16)
-                                    : (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
-        if constexpr (T::kHoldKeyFragments) {
-          if (step == 0) {  // K and V are in shared memory: the first query tile's barrier
-            ldmatrix_x4(ka_held[kk], sK + a_off);
-            ldmatrix_x4(va_held[kk], sV + a_off);
-          }
-          for (int r = 0; r < 4; ++r) ka[r] = ka_held[kk][r], va[r] = va_held[kk][r];
-        } else {
-          ldmatrix_x4(ka, sK + a_off);
-          ldmatrix_x4(va, sV + a_off);
-        }
-        for (int np = 0; np < kQTiles / 2; ++np) {
-          const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          const int b_off = kSwizzled ? swizzled_at(row, 2 * kk + ((lane >> 3) & 1))
-                                      : row * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
-          uint32_t qb[4], dob[4];
-          ldmatrix_x4(qb, Qs + b_off);
-          ldmatrix_x4(dob, dOs + b_off);
-          mma_16816<Element>(s[2 * np], ka, {qb[0], qb[1]});
-          mma_16816<Element>(s[2 * np + 1], ka, {qb[2], qb[3]});
-          mma_16816<Element>(dp[2 * np], va, {dob[0], dob[1]});
-          mma_16816<Element>(dp[2 * np + 1], va, {dob[2], dob[3]});
-        }
-      }
+      float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
+      for (int d = 0; d < kDTiles; ++d)
+        for (int e = 0; e < 4; ++e) acc_dk[d][e] = acc_dv[d][e] = 0.0f;
 
-      // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
-      if (delta_now) __syncthreads();  // every row's Delta is in the stage
-      const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
-      // kFast: the only tile is the fast one, and raw_tile holds zeros without it, so the scores
-      // read it unconditionally (a select per score was 3% of the loop's instructions).
-      float raw_tile[kQTiles][4];
-      if (fast_tile) {
-        RawBiasTile::read_transposed<Element, kQTiles>(
-            sRawTile + (stage * kKeyTiles + key_tile) * RawBiasTile::kElems, tile_row, lane, raw_tile);
-      } else if (kFast) {
-        for (int nt = 0; nt < kQTiles; ++nt)
-          for (int e = 0; e < 4; ++e) raw_tile[nt][e] = 0.0f;
-      }
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        for (int e = 0; e < 4; ++e) {
-          const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
-          // Key biases are stored times log2(e); the tile in natural units.
-          const float tile = kFast || fast_tile ? raw_tile[nt][e]
-                             : has_tile         ? sTile[query * kTileStride + key]
-                                                : 0.0f;
-          const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
-          const float prob = exp2_approx((x - row_max[query]) - row_log_sum[query]);
-          s[nt][e] = prob;
-          dp[nt][e] = kDeltaInit ? dp[nt][e] * prob : prob * (dp[nt][e] - dlt[query]);
+      uint32_t ka_held[kKSteps][4], va_held[kKSteps][4];  // kHoldKeyFragments: from query step 0
+      const bool reverse = (kt - kt_first) & 1;
+      for (int step = 0; step < plan.q_tiles; ++step, ++walk) {
+        const int stage = walk & 1;
+        const int qt = reverse ? plan.q_tiles - 1 - step : step;
+        const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
+        if (!kFast && has_tile && !fast_tile) {
+          fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, item.b, item.n, item.h, i0, j0);
         }
-      }
-
-      // dV += P^T dO and dK += dS^T Q; B operands are dO / Q read transposed.
-      uint32_t* sdS32 = reinterpret_cast<uint32_t*>(sdS);
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        uint32_t pa[4], dsa[4];
-        accumulators_to_a<Element>(s[2 * kk], s[2 * kk + 1], pa);
-        accumulators_to_a<Element>(dp[2 * kk], dp[2 * kk + 1], dsa);
-        if (fuse_dq) {  // dS^T rows warp_row + g (+8), query columns 16 kk + 2t (+8)
-          const int w0 = ((warp_row + g) * kDsStride + kk * 16 + 2 * t) / 2;
-          sdS32[w0] = dsa[0];
-          sdS32[w0 + 4 * kDsStride] = dsa[1];
-          sdS32[w0 + 4] = dsa[2];
-          sdS32[w0 + 4 * kDsStride + 4] = dsa[3];
-        }
-        for (int dq = 0; dq < kDTiles / 2; ++dq) {
-          const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          const int off = kSwizzled ? swizzled_at(row, 2 * dq + (lane >> 4))
-                                    : row * kRowStride + dq * 16 + (lane >> 4) * 8;
-          uint32_t dob[4], qb[4];
-          ldmatrix_x4_trans(dob, dOs + off);
-          ldmatrix_x4_trans(qb, Qs + off);
-          mma_16816<Element>(acc_dv[2 * dq], pa, {dob[0], dob[1]});
-          mma_16816<Element>(acc_dv[2 * dq + 1], pa, {dob[2], dob[3]});
-          mma_16816<Element>(acc_dk[2 * dq], dsa, {qb[0], qb[1]});
-          mma_16816<Element>(acc_dk[2 * dq + 1], dsa, {qb[2], qb[3]});
-        }
-      }
-
-      if (fuse_dq) {
-        // dQ rows dq_row + g (+8) of this query tile += dS K over the block's keys: A is
-        // dS^T read transposed, B is K read transposed (k = key, n = d).
-        if (has_next) {
-          cp_async_wait<1>();
-        } else {
+        if constexpr (kTwoBarriers) {
+          // Publishes this step's query tile (at step 0 also K and V) and tells that every warp
+          // has left the previous step, whose stage, running dQ and dS^T are rewritten next.
           cp_async_wait<0>();
+          __syncthreads();
         }
-        __syncthreads();  // every warp's dS^T and the running dQ are in shared memory
-        // This thread's running-dQ elements (running_dq_at): only it reads and writes them
-        // where all of Lq is resident. Warp w: query rows 16 (w % 4), and with two key tiles
-        // column tiles from d0 (half of them each).
-        constexpr int kDqTiles = kDTiles / kKeyTiles;
-        const int dq_row = tile_row, d0 = key_tile * kDqTiles;
-        float* const my_dq = running_dq_row<kHeadDim>(sdQ, (dq_in_smem ? i0 : 0) + dq_row, lane);
-        float acc_dq[kDqTiles][4];
-        read_running_dq<kDqTiles, kHeadDim>(acc_dq, my_dq, accumulate_dq, lane, d0);
-        add_ds_k<Element, kBlockN, kDqTiles, kDsStride, kRowStride, kSwizzled>(acc_dq, sdS, sK, dq_row, lane, 8 * d0);
-        if (last_kt) {
-          store_dq_rows<Element, kDqTiles>(acc_dq, p, plan, b, n, h, i0 + dq_row, lane, 8 * d0);
-        } else if (dq_in_smem) {
-          for (int r = 0; r < 2; ++r)
-            for (int d = 0; d < kDqTiles; ++d) {
-              *running_dq_at<kHeadDim>(my_dq, r, d0 + d, lane) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
-            }
-        } else if constexpr (!kResidentDqOnly) {
-          store_running_dq<kDTiles>(acc_dq, dq_accum, i0 + warp_row, p.Lq, plan, lane);
+        if (accumulate_dq && !dq_in_smem) {  // the query tile's running dQ, needed after the scores
+          copy_running_dq<kHeadDim, kBlockM>(sdQ, dq_accum, i0, p.Lq, plan, tid);
         }
-      }
-      if constexpr (!kTwoBarriers) __syncthreads();
-    }
+        cp_async_commit();
+        const bool last_kt = kt + 1 == kt_end;
+        const bool last_step = step + 1 == plan.q_tiles;
+        const bool item_done = last_step && last_kt;
+        const bool has_next = !item_done || has_next_item;
+        if (has_next) {
+          // The next tile: the walk's neighbour, or this query tile again for the next key tile,
+          // or the next item's first.
+          // delta_in_dkdv: the tiles loaded during the first key block get their Delta from
+          // compute_delta (the last one, this tile again, from this step's).
+          const bool first_block = delta_here && kt == kt_first;
+          KeyItem at = item;
+          int next_qt = last_step ? qt : reverse ? qt - 1 : qt + 1, next_kt = last_step ? kt + 1 : kt;
+          bool with_o = first_block && !last_step, with_delta = !first_block;
+          if (item_done) {  // kPersistent
+            at = item_at(item.bnh + gridDim.x);
+            next_qt = 0;
+            next_kt = kt_first;
+            with_o = delta_here;
+            with_delta = !delta_here;
+          }
+          load_query_tile(next_qt, stage ^ 1, with_o, with_delta, at);
+          if (fast_tile) load_raw_tile(next_qt, next_kt, stage ^ 1, at);
+          cp_async_commit();
+          if constexpr (!kTwoBarriers) cp_async_wait<2>();  // all but the running dQ and the next query tile
+        } else if constexpr (!kTwoBarriers) {
+          cp_async_wait<1>();
+        }
+        if constexpr (!kTwoBarriers) __syncthreads();
 
-    const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
-    Element* dk = static_cast<Element*>(p.dk) + b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
-    Element* dv = static_cast<Element*>(p.dv) + b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
-    store_acc_rows<Element, kDTiles>(acc_dk, dk, p.dk_stride.l, p.dk_stride.d, j0 + warp_row, p.Lk,
-                                     p.D, plan.pairs_dk, lane, scale);
-    store_acc_rows<Element, kDTiles>(acc_dv, dv, p.dv_stride.l, p.dv_stride.d, j0 + warp_row, p.Lk,
-                                     p.D, plan.pairs_dv, lane, one);
+        // delta_in_dkdv: the first key block's tiles get their Delta here, published by one more
+        // barrier before dS. (Computed in the step before, behind its dQ barrier, it made that
+        // barrier wait for the next tile's copies: the pass 50 us slower on tri256d64, ncu.)
+        const bool delta_now = delta_here && kt == kt_first;
+        if (delta_now) compute_delta(qt, stage, last_step);
+        const Element* Qs = sQ + stage * T::kQueryElems;
+        const Element* dOs = sdO + stage * T::kQueryElems;
+        // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
+        // Up to head dim 32 dP^T's accumulators start at -Delta of their columns (queries), so
+        // they end as dP^T - Delta: one FADD a score less (H100, same-run A/B: msacol and extramsa
+        // f+b 2% faster); at 64 and 128 that cost the loop spills (tri256d64 f+b 2% slower).
+        constexpr bool kDeltaInit = kHeadDim <= 32;
+        const float* dlt = sStats + stage * 3 * kBlockM;
+        const float* row_max = dlt + kBlockM;
+        const float* row_log_sum = dlt + 2 * kBlockM;
+        float s[kQTiles][4], dp[kQTiles][4];
+        for (int nt = 0; nt < kQTiles; ++nt) {
+          const float2 d = *reinterpret_cast<const float2*>(dlt + nt * 8 + 2 * t);
+          for (int e = 0; e < 4; ++e) {
+            s[nt][e] = 0.0f;
+            dp[nt][e] = kDeltaInit ? -(e % 2 ? d.y : d.x) : 0.0f;
+          }
+        }
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          uint32_t ka[4], va[4];
+          const int a_off = kSwizzled ? swizzled_at(warp_row + lane % 16, 2 * kk + lane / 16)
+                                      : (warp_row + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8;
+          if constexpr (T::kHoldKeyFragments) {
+            if (step == 0) {  // K and V are in shared memory: the first query tile's barrier
+              ldmatrix_x4(ka_held[kk], sK + a_off);
+              ldmatrix_x4(va_held[kk], sV + a_off);
+            }
+            for (int r = 0; r < 4; ++r) ka[r] = ka_held[kk][r], va[r] = va_held[kk][r];
+          } else {
+            ldmatrix_x4(ka, sK + a_off);
+            ldmatrix_x4(va, sV + a_off);
+          }
+          for (int np = 0; np < kQTiles / 2; ++np) {
+            const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+            const int b_off = kSwizzled ? swizzled_at(row, 2 * kk + ((lane >> 3) & 1))
+                                        : row * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8;
+            uint32_t qb[4], dob[4];
+            ldmatrix_x4(qb, Qs + b_off);
+            ldmatrix_x4(dob, dOs + b_off);
+            mma_16816<Element>(s[2 * np], ka, {qb[0], qb[1]});
+            mma_16816<Element>(s[2 * np + 1], ka, {qb[2], qb[3]});
+            mma_16816<Element>(dp[2 * np], va, {dob[0], dob[1]});
+            mma_16816<Element>(dp[2 * np + 1], va, {dob[2], dob[3]});
+          }
+        }
+
+        // P^T and dS^T in place of S^T and dP^T. Rows: keys warp_row + g (+8); columns: queries.
+        if (delta_now) __syncthreads();  // every row's Delta is in the stage
+        const float key_bias[2] = {sKey[warp_row + g], sKey[warp_row + g + 8]};
+        // kFast: the only tile is the fast one, and raw_tile holds zeros without it, so the scores
+        // read it unconditionally (a select per score was 3% of the loop's instructions).
+        float raw_tile[kQTiles][4];
+        if (fast_tile) {
+          RawBiasTile::read_transposed<Element, kQTiles>(
+              sRawTile + (stage * kKeyTiles + key_tile) * RawBiasTile::kElems, tile_row, lane, raw_tile);
+        } else if (kFast) {
+          for (int nt = 0; nt < kQTiles; ++nt)
+            for (int e = 0; e < 4; ++e) raw_tile[nt][e] = 0.0f;
+        }
+        for (int nt = 0; nt < kQTiles; ++nt) {
+          for (int e = 0; e < 4; ++e) {
+            const int key = warp_row + g + 8 * (e / 2), query = nt * 8 + 2 * t + (e % 2);
+            // Key biases are stored times log2(e); the tile in natural units.
+            const float tile = kFast || fast_tile ? raw_tile[nt][e]
+                               : has_tile         ? sTile[query * kTileStride + key]
+                                                  : 0.0f;
+            const float x = score_log2(s[nt][e], p.scale_log2, key_bias[e / 2], tile);
+            const float prob = exp2_approx((x - row_max[query]) - row_log_sum[query]);
+            s[nt][e] = prob;
+            dp[nt][e] = kDeltaInit ? dp[nt][e] * prob : prob * (dp[nt][e] - dlt[query]);
+          }
+        }
+
+        // dV += P^T dO and dK += dS^T Q; B operands are dO / Q read transposed.
+        uint32_t* sdS32 = reinterpret_cast<uint32_t*>(sdS);
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          uint32_t pa[4], dsa[4];
+          accumulators_to_a<Element>(s[2 * kk], s[2 * kk + 1], pa);
+          accumulators_to_a<Element>(dp[2 * kk], dp[2 * kk + 1], dsa);
+          if (fuse_dq) {  // dS^T rows warp_row + g (+8), query columns 16 kk + 2t (+8)
+            const int w0 = ((warp_row + g) * kDsStride + kk * 16 + 2 * t) / 2;
+            sdS32[w0] = dsa[0];
+            sdS32[w0 + 4 * kDsStride] = dsa[1];
+            sdS32[w0 + 4] = dsa[2];
+            sdS32[w0 + 4 * kDsStride + 4] = dsa[3];
+          }
+          for (int dq = 0; dq < kDTiles / 2; ++dq) {
+            const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const int off = kSwizzled ? swizzled_at(row, 2 * dq + (lane >> 4))
+                                      : row * kRowStride + dq * 16 + (lane >> 4) * 8;
+            uint32_t dob[4], qb[4];
+            ldmatrix_x4_trans(dob, dOs + off);
+            ldmatrix_x4_trans(qb, Qs + off);
+            mma_16816<Element>(acc_dv[2 * dq], pa, {dob[0], dob[1]});
+            mma_16816<Element>(acc_dv[2 * dq + 1], pa, {dob[2], dob[3]});
+            mma_16816<Element>(acc_dk[2 * dq], dsa, {qb[0], qb[1]});
+            mma_16816<Element>(acc_dk[2 * dq + 1], dsa, {qb[2], qb[3]});
+          }
+        }
+
+        if (fuse_dq) {
+          // dQ rows dq_row + g (+8) of this query tile += dS K over the block's keys: A is
+          // dS^T read transposed, B is K read transposed (k = key, n = d).
+          if (has_next) {
+            cp_async_wait<1>();
+          } else {
+            cp_async_wait<0>();
+          }
+          __syncthreads();  // every warp's dS^T and the running dQ are in shared memory
+          // kPersistent, the key block's last step: the next key block's K (staged), V and key
+          // biases; V and the key biases were last read before this barrier.
+          const bool keys_ahead = kPersistent && last_step && has_next;
+          KeyBiasPrefetch next_key_bias;
+          if (keys_ahead) {
+            const KeyItem at = last_kt ? item_at(item.bnh + gridDim.x) : item;
+            const int next_kt = last_kt ? kt_first : kt + 1;
+            load_keys(next_kt, at, k_staging(stage));
+            cp_async_commit();
+            if (tid < kBlockN) next_key_bias = key_bias_of(next_kt, at);
+          }
+          // This thread's running-dQ elements (running_dq_at): only it reads and writes them
+          // where all of Lq is resident. Warp w: query rows 16 (w % 4), and with two key tiles
+          // column tiles from d0 (half of them each).
+          constexpr int kDqTiles = kDTiles / kKeyTiles;
+          const int dq_row = tile_row, d0 = key_tile * kDqTiles;
+          float* const my_dq = running_dq_row<kHeadDim>(sdQ, (dq_in_smem ? i0 : 0) + dq_row, lane);
+          float acc_dq[kDqTiles][4];
+          read_running_dq<kDqTiles, kHeadDim>(acc_dq, my_dq, accumulate_dq, lane, d0);
+          add_ds_k<Element, kBlockN, kDqTiles, kDsStride, kRowStride, kSwizzled>(acc_dq, sdS, sK, dq_row, lane, 8 * d0);
+          if (last_kt) {
+            store_dq_rows<Element, kDqTiles>(acc_dq, p, plan, item.b, item.n, item.h, i0 + dq_row, lane, 8 * d0);
+          } else if (dq_in_smem) {
+            for (int r = 0; r < 2; ++r)
+              for (int d = 0; d < kDqTiles; ++d) {
+                *running_dq_at<kHeadDim>(my_dq, r, d0 + d, lane) = make_float2(acc_dq[d][2 * r], acc_dq[d][2 * r + 1]);
+              }
+          } else if constexpr (!kResidentDqOnly) {
+            store_running_dq<kDTiles>(acc_dq, dq_accum, i0 + warp_row, p.Lq, plan, lane);
+          }
+          if (keys_ahead && tid < kBlockN) sKey[tid] = next_key_bias.value_log2<kFast>(p, plan);
+        }
+        if constexpr (!kTwoBarriers) __syncthreads();
+      }
+
+      const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
+      Element* dk = static_cast<Element*>(p.dk) + bnh_offset<SeqStrides, int64_t>(p.dk_stride, item.b, item.n, item.h);
+      Element* dv = static_cast<Element*>(p.dv) + bnh_offset<SeqStrides, int64_t>(p.dv_stride, item.b, item.n, item.h);
+      store_acc_rows<Element, kDTiles>(acc_dk, dk, p.dk_stride.l, p.dk_stride.d, j0 + warp_row, p.Lk,
+                                       p.D, plan.pairs_dk, lane, scale);
+      store_acc_rows<Element, kDTiles>(acc_dv, dv, p.dv_stride.l, p.dv_stride.d, j0 + warp_row, p.Lk,
+                                       p.D, plan.pairs_dv, lane, one);
+    }
+    if (!has_next_item) break;
+    item = item_at(item.bnh + gridDim.x);
   }
   // The last query step's waits and barrier finished every thread's running-dQ traffic.
   if (dq_accum != nullptr) {
@@ -467,7 +551,11 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
                                               (plan.delta_in_dkdv ? dkdv_delta_smem_bytes(kHeadDim) : 0)
                                         : T::kSmemBytesFused;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
-  const int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
+  int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
+  if constexpr (kKeyTiles == 2) {  // blocks walk items: at most what the GPU holds at once
+    const int64_t resident = resident_blocks(kernel, T::kThreads, smem);
+    if (resident > 0 && resident < blocks) blocks = resident;
+  }
   return launch_kernel(kernel, static_cast<size_t>(blocks), T::kThreads, smem, stream, p, plan);
 }
 

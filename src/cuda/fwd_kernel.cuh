@@ -689,18 +689,6 @@ __global__ void __launch_bounds__(
   }
 }
 
-// Blocks of `kernel` resident at once on this GPU (the persistent grid), 0 if unknown.
-template <typename Kernel>
-int64_t fwd_resident_blocks(Kernel* kernel, int threads, size_t smem) {
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
-    return 0;
-  }
-  return static_cast<int64_t>(sms) * per_sm;
-}
-
 // Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kTile, kKeyBias); defined
 // per instantiation file. plan.fwd_groups must be kGroups.
 template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny,
@@ -717,7 +705,7 @@ cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t str
   // With pair_over_k one item per block (its merge reuses the K/V buffers); otherwise at most
   // the blocks that fit at once, each walking several items.
   int64_t grid = plan.fwd_blocks;
-  const int64_t resident = T::kPersistent ? fwd_resident_blocks(kernel, T::kThreads, T::kSmemBytes) : 0;
+  const int64_t resident = T::kPersistent ? resident_blocks(kernel, T::kThreads, T::kSmemBytes) : 0;
   if (T::kPersistent && !plan.pair_over_k && resident > 0 && resident < grid) grid = resident;
   return launch_kernel(kernel, static_cast<size_t>(grid), T::kThreads, T::kSmemBytes, stream, p, plan);
 }

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace evoattn::cuda {
@@ -36,6 +37,19 @@ cudaError_t launch_kernel(void (*kernel)(Params...), size_t blocks, int threads,
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) (void)cudaGetLastError();  // as <<<>>> + cudaGetLastError: not sticky
   return err;
+}
+
+// Blocks of `kernel` resident at once on this GPU (a persistent grid: blocks that walk items),
+// 0 if unknown.
+template <typename Kernel>
+int64_t resident_blocks(Kernel* kernel, int threads, size_t smem) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+    return 0;
+  }
+  return static_cast<int64_t>(sms) * per_sm;
 }
 
 }  // namespace evoattn::cuda

@@ -131,6 +131,8 @@ LaunchPlan make_launch_plan(const FwdParams& p, int block_m, int block_n) {
   plan.q_tiles = static_cast<int32_t>((p.Lq + block_m - 1) / block_m);
   plan.k_tiles = static_cast<int32_t>((p.Lk + block_n - 1) / block_n);
   set_fwd_groups(plan, p, 2);
+  plan.bnh_div[0] = make_fast_div(static_cast<uint32_t>(std::clamp<int64_t>(p.H, 1, INT32_MAX)));
+  plan.bnh_div[1] = make_fast_div(static_cast<uint32_t>(std::clamp<int64_t>(p.N, 1, INT32_MAX)));
   plan.vec_q = rows_vectorizable(p.q, p.q_stride, p.D, p.dtype);
   plan.vec_k = rows_vectorizable(p.k, p.k_stride, p.D, p.dtype);
   plan.vec_v = rows_vectorizable(p.v, p.v_stride, p.D, p.dtype);

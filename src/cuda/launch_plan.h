@@ -83,6 +83,9 @@ struct LaunchPlan {
   // pair_over_k, (q-tiles, N / groups rounded up) with pair_over_n, else (q-tiles / groups
   // rounded up, N); d2 = H.
   FastDiv fwd_div[3];
+  // (H, N): an index bnh = h + H (n + N b) of one (b, n, h) splits by these (the key-pair dK/dV's
+  // walk over items).
+  FastDiv bnh_div[2];
   // Backward: the dK/dV kernel also computes dQ (one block per (b, n, h) walking its key tiles
   // in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives between key
   // tiles in `dq_accum`: a pool of dq_slots float32 [Lq, dq_width] slots (workspace; null with
