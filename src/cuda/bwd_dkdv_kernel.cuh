@@ -1,7 +1,9 @@
 // Backward, key side, for float16 / bfloat16 on mma.sync: one block per (b, n, h, 64 keys), or
 // with plan.fuse_dq one block per (b, n, h) walking its key tiles in order — with
 // kKeyTiles = 2 (plan.dkdv_key_pairs, head dim 64) two key tiles at a time, eight warps, the
-// running dQ in shared memory.
+// running dQ in shared memory, and blocks that walk items (b, n, h) (a grid of the blocks the
+// GPU holds): each key block's last step issues the next key block's K and V (the next item's
+// after an item's last) and the next item's first query tile, so no key block waits for them.
 //
 //   K, V tile stays in shared memory; for each tile of 64 queries (Q, dO and the raw bias tile
 //   double-buffered, RawBiasTile, read transposed by ldmatrix.trans):
