@@ -155,7 +155,9 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   struct KeyItem {
     ItemIndex b, n, h, bnh;  // bnh = h + H (n + N b): the item's index in the walk
   };
-  // The item after `at` in this block's walk, if any (kPersistent).
+  // The item after `at` in this block's walk, if any (kPersistent). Its coordinates are split
+  // again where needed (item_at: two multiply-highs), not held: held across the step loop, they
+  // and the next tile's offsets spilled it (PERF v31).
   auto has_item_after = [&](const KeyItem& at) {
     return kPersistent && static_cast<int64_t>(at.bnh) + gridDim.x < p.B * p.N * p.H;
   };
