@@ -86,6 +86,12 @@ std::vector<Case> masked_row_cases() {
       cases.push_back(first);
     }
   }
+  // -1e9 rows where the key-pair dK/dV computes Delta (the CUDA LaunchPlan::delta_in_dkdv: B N H
+  // >= 256, two query tiles, an even key-tile count, biases of the input dtype): the row
+  // statistics then read only the LSE, four rows a thread, and recompute these rows'.
+  Case pairs = shape(1, 64, 4, 65, 128, 64, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true);
+  pairs.masked_rows = MaskedRows::kMinus1e9;
+  cases.push_back(pairs);
   Case tiny = shape(2, 1, 3, 1, 2, 8, EVOATTN_FLOAT32).biases("bn11k", "").grads(true, false);
   tiny.mask = "bnk";
   tiny.masked_rows = MaskedRows::kMinusInf;
