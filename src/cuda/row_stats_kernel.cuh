@@ -57,7 +57,7 @@ struct RowStatsWalk {
 
 // The rare row (recompute_row_stats): its statistics from one online pass over its keys.
 template <typename Element>
-__device__ __noinline__ void recompute_row(const BwdParams& p, int64_t b, int64_t n, int64_t h, int64_t i,
+__device__ __forceinline__ void recompute_row(const BwdParams& p, int64_t b, int64_t n, int64_t h, int64_t i,
                                            int64_t row, bool with_delta, float* delta, float* row_max,
                                            float* row_log_sum) {
   // One online pass over the keys: m = running max, l = sum 2^(x - m), w = sum 2^(x - m) dP.
@@ -181,8 +181,11 @@ __global__ void __launch_bounds__(256) row_stats_from_lse_kernel(const __grid_co
   *reinterpret_cast<float4*>(delta + row0) = make_float4(pending, pending, pending, pending);
   *reinterpret_cast<float4*>(row_max + row0) = make_float4(m[0], m[1], m[2], m[3]);
   *reinterpret_cast<float4*>(row_log_sum + row0) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int r = 0; r < 4; ++r) {
-    if (!recompute_row_stats(lse[r], p.D)) continue;
+  unsigned recompute = 0;
+  for (int r = 0; r < 4; ++r) recompute |= recompute_row_stats(lse[r], p.D) ? 1u << r : 0u;
+#pragma unroll 1
+  for (int r = 0; recompute != 0; ++r, recompute >>= 1) {  // one copy of the rare path
+    if ((recompute & 1u) == 0) continue;
     const int64_t row = row0 + r, bnh = row / p.Lq, bn = bnh / p.H;
     recompute_row<Element>(p, bn / p.N, bn % p.N, bnh % p.H, row % p.Lq, row, false, delta, row_max, row_log_sum);
   }
