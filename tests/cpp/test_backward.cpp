@@ -59,8 +59,9 @@ std::vector<Case> grid() {
     // where the 16-key kernel's resident dQ does not fit two blocks per SM; on an H100 from two
     // query tiles on, so not at Lq = 40: there the 16-key kernel, its dQ in shared memory): two
     // key blocks, the last with 8 keys; at D = 48 the dQ half of warps 4..7 is 16 columns wide.
-    // B N H = 256, more items than the GPU holds blocks of this kernel (an H100: 132): each
-    // block walks items, loading the next one's K, V and first query tile during its last step.
+    // The D = 48 case (and the Lq = 66 one below) has B N H = 256, more items than the GPU holds
+    // blocks of the key-pair kernel (an H100: 132): each block walks items, loading the next
+    // one's K, V and first query tile during its last step.
     cases.push_back(shape(1, 32, 8, 40, 200, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
     cases.push_back(shape(1, 64, 4, 70, 200, 48, dt).biases("bn11k", "b1hqk").grads(true, true));
     // The key-pair kernel computing Delta in its first key block (LaunchPlan::delta_in_dkdv, as
