@@ -121,7 +121,8 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kOwn>(p, plan, stream);
     } else {
       // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where two of
-      // its blocks fit one SM of this GPU (109 KB each: the H100) and its groups still share the tile.
+      // its warp groups fit one SM of this GPU (109 KB each, one block of both: the H100) and its
+      // groups still share the tile.
       if constexpr (kFast && kHeadDim == 64) {
         constexpr int kGroups = cuda::kWideFwdGroups;
         constexpr size_t kBytes =

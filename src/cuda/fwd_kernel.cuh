@@ -97,6 +97,15 @@ struct FwdTraits {
   // its own rows of Q, and the next item's only after its last read of them.
   static_assert(kWarpMTiles == 1 || (kWarpMTiles == 2 && kThreads == 128),
                 "wide warps: 2 groups, two blocks per SM");
+  // Wide warps run as two warp groups of one block (kPingPong in the kernel): each group of four
+  // warps walks its own items, in its own kSmemBytes, as the two blocks did, and the two take
+  // turns at the tensor cores. A scheduler holds one warp of each, so one's mmas overlap the
+  // other's softmax instead of meeting them.
+  static constexpr int kWarpGroups = kWarpMTiles == 2 ? 2 : 1;
+  static constexpr int kCtaThreads = kWarpGroups * kThreads;
+  static constexpr int kCtaMinBlocksPerSm = kMinBlocksPerSm / kWarpGroups;
+  static constexpr size_t kCtaSmemBytes = kWarpGroups * kSmemBytes;
+  static_assert(kCtaSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
 
@@ -123,8 +132,8 @@ inline constexpr int kFwdWarpMTiles = fwd_warp_m_tiles(kHeadDim, kTile);
 template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny,
           bool kKeyBias = true>
 __global__ void __launch_bounds__(
-    FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kThreads,
-    FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kMinBlocksPerSm)
+    FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kCtaThreads,
+    FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kCtaMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan) {
   using T = FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
@@ -138,14 +147,32 @@ __global__ void __launch_bounds__(
 
   start_after_previous_grid();  // before any global memory access (kernel_launch.h)
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // kPingPong: warp group wg (threads 128 wg ..) is a block of its own below: its tid, its
+  // shared memory, its barrier (block_sync) and its items.
+  constexpr bool kPingPong = T::kWarpGroups == 2;
+  const int wg = kPingPong ? static_cast<int>(threadIdx.x) / T::kThreads : 0;
+  extern __shared__ __align__(16) unsigned char smem_base[];
+  unsigned char* const smem_raw = smem_base + wg * T::kSmemBytes;
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
   Element* sK = sQ + T::kQElems;
   Element* sV = sK + T::kKVElems;
   float* sTile = reinterpret_cast<float*>(sV + T::kKVElems);
   float* sKey = sTile + T::kTileFloats;
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // Group 1's warps take their roles rotated by one (warp 4 of the block is its warp 1, ...): a
+  // scheduler then holds warps of different rows of the two groups, as with two blocks (which
+  // the GPU places rotated: read from %warpid). H100, same-run A/B: tri256d64 forward
+  // 0.202-0.203 -> 0.194 ms.
+  const int tid = kPingPong && wg == 1 ? (static_cast<int>(threadIdx.x) + 32) % T::kThreads
+                                        : static_cast<int>(threadIdx.x),
+            lane = tid % 32, warp = tid / 32;
+  auto block_sync = [&] {
+    if constexpr (kPingPong) {
+      named_barrier_sync(1 + wg, T::kThreads);
+    } else {
+      __syncthreads();
+    }
+  };
   const int group = warp / T::kGroupWarps, group_tid = tid % T::kGroupThreads;
   const int warp_row = (warp % T::kGroupWarps) * T::kWarpRows;  // row tile mt: + 16 mt
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
@@ -220,7 +247,8 @@ __global__ void __launch_bounds__(
   // kernel, unspilled since its item indices are 32-bit, msarow 0.329 -> 0.325 ms, b4tri384
   // 0.984 -> 0.966, it ran 3% slower while it spilled; the wide-warp D = 64 kernel, tri256d64
   // 0.235 -> 0.231); the D = 64 kernels of four-warp groups ran 1% slower.
-  constexpr int kSoftmaxSpans = kHeadDim <= 16 || kNoTile || kSharedTile ? 2 : 1;
+  // kPingPong: one span (P V waits for the next turn, after the whole tile's softmax).
+  constexpr int kSoftmaxSpans = !kPingPong && (kHeadDim <= 16 || kNoTile || kSharedTile) ? 2 : 1;
   // Q's fragments stay in registers across an item's key tiles, except in wide warps (two row
   // tiles): read from shared memory there every tile, their 32 registers went to the loop
   // (H100, same-run A/B: tri256d64 forward 0.277 -> 0.237 ms: no spills, fewer waits for the
@@ -289,7 +317,7 @@ __global__ void __launch_bounds__(
   // tile after this tile's QK^T: the copies of a thread no longer queue up in one burst, whose
   // address registers the next instructions then waited to reuse (H100, same-run A/B: tri256d64
   // forward 0.2050 -> 0.2008 ms).
-  constexpr bool kLateVAndTile = kMT == 2;
+  constexpr bool kLateVAndTile = kMT == 2 && !kPingPong;
   // An item's Q into the group's Q buffer (the caller commits).
   // The fast path's copy is unrolled in 32-bit offsets: the generic loop's 64-bit index math
   // was ~250 instructions a warp and item, 5.6% of the D = 64 forward's stall samples (ncu).
@@ -312,7 +340,7 @@ __global__ void __launch_bounds__(
   };
   // Starts an item: its Q, its first K/V tile into stage `s`, the raw bias of its first tile,
   // its first key biases (the caller commits).
-  auto begin_item = [&](const Item& item, int s, bool with_q = true) {
+  auto begin_item = [&](const Item& item, int s, bool with_q = true, int which = 3) {
     const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
     if (with_q) load_q(item);
     if constexpr (kFast) {
@@ -325,7 +353,7 @@ __global__ void __launch_bounds__(
       k_copy = KVCopy(row_ptr<Element>(p.k, p.k_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
       v_copy = KVCopy(row_ptr<Element>(p.v, p.v_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
     }
-    copy_kv(s, j_begin);
+    copy_kv(s, j_begin, which);
     if (fast_tile && raw_copier) {
       raw_tile.start(p, plan, raw_copy_tid, item.b, item.n, item.h, item.i0, j_begin);
       raw_tile.copy_next(myRawTile + s * RawBiasTile::kElems, plan, raw_copy_tid);
@@ -342,12 +370,39 @@ __global__ void __launch_bounds__(
   // the GPU at once, with pair_over_k one item per block; otherwise one item per block). From
   // the second item on, an item's first loads are issued during the previous item's last key
   // tile, so its start costs no load latency.
-  Item cur = decode(blockIdx.x);
-  begin_item(cur, 0);
+  // kPingPong: group wg walks items blockIdx.x + wg gridDim.x, + 2 gridDim.x, ... (as two blocks
+  // would); a group past the last item recomputes it and stores nothing (its turns keep the
+  // other's coming).
+  const int64_t first_blk = static_cast<int64_t>(blockIdx.x) + wg * static_cast<int64_t>(gridDim.x);
+  const int64_t blk_stride = static_cast<int64_t>(gridDim.x) * T::kWarpGroups;
+  const bool idle = first_blk >= plan.fwd_blocks;
+  Item cur = decode(idle ? plan.fwd_blocks - 1 : first_blk);
+  cur.active = cur.active && !idle;
+  // Turns (kPingPong): a group's mmas run in turns, each tile's P V of the previous tile and its
+  // own QK^T (one turn), then an item's last P V (one more), alternating with the other group's
+  // by two named barriers: group w waits on barrier 3 + w, and when its turn is done arrives at
+  // the other's. Group 0 goes first (group 1 arrives once at the start). Both take turns_total
+  // turns (group 1, with at most as many items, takes empty ones at the end), and group 1 skips
+  // its last arrival, so every barrier completes.
+  int64_t turns = 0;
+  const int64_t turns_total =
+      kPingPong ? ((plan.fwd_blocks - 1 - blockIdx.x) / blk_stride + 1) * (plan.k_tiles + 1) : 0;
+  auto turn_begin = [&] {
+    if constexpr (kPingPong) named_barrier_sync(3 + wg, 2 * T::kThreads);
+  };
+  auto turn_end = [&] {
+    if constexpr (kPingPong) {
+      ++turns;
+      if (wg == 0 || turns < turns_total) named_barrier_arrive(3 + (wg ^ 1), 2 * T::kThreads);
+    }
+  };
+  if (kPingPong && wg == 1) named_barrier_arrive(3, 2 * T::kThreads);
+  // kPingPong: an item's V tiles are copied one tile later than its K (see the loop).
+  begin_item(cur, 0, true, kPingPong ? 1 : 3);
   cp_async_commit();  // Q, K, V and the raw bias of the first key tile
   int walk = 0;  // key tiles done by the block: their parity picks K/V stages and bias buffers
-  for (int64_t blk = blockIdx.x;;) {
-    const int64_t next_blk = blk + gridDim.x;
+  for (int64_t blk = idle ? plan.fwd_blocks - 1 : first_blk;;) {
+    const int64_t next_blk = idle ? plan.fwd_blocks : blk + blk_stride;
     const bool has_next = T::kPersistent && next_blk < plan.fwd_blocks;
     bool next_begun = false;
     Item next = cur;
@@ -356,6 +411,8 @@ __global__ void __launch_bounds__(
     uint32_t q_half[kQInRegs && kHalfKStep ? kMT : 1][2];  // the m16n8k8 step's A
     float acc_o[kMT][kDTiles][4];
     float row_max[kMT][2], row_sum[kMT][2];
+    // kPingPong: the previous key tile's P (as A fragments), multiplied by its V in the next turn.
+    uint32_t p_prev[kPingPong ? kMT : 1][kPingPong ? kNTiles / 2 : 1][4];
     #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
       for (int d = 0; d < kDTiles; ++d)
@@ -365,6 +422,38 @@ __global__ void __launch_bounds__(
         row_sum[mt][r] = 0.0f;
       }
     }
+
+    // O += P V for the 16 keys kk (P: A fragments a[mt]) of V stage Vs, each V fragment feeding
+    // every row tile.
+    auto pv = [&](const uint32_t(&a)[kMT][4], const Element* Vs, int kk) {
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        uint32_t vf[4];
+        const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4_trans(vf, Vs + key * kRowStride + dp * 16 + (lane >> 4) * 8);
+        #pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<Element>(acc_o[mt][2 * dp], a[mt], {vf[0], vf[1]});
+          mma_16816<Element>(acc_o[mt][2 * dp + 1], a[mt], {vf[2], vf[3]});
+        }
+      }
+      if constexpr (kDTiles % 2 != 0) {  // head dim 24: the last column tile alone
+        uint32_t vf[2];
+        const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        ldmatrix_x2_trans(vf, Vs + key * kRowStride + (kDTiles - 1) * 8);
+        #pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) mma_16816<Element>(acc_o[mt][kDTiles - 1], a[mt], {vf[0], vf[1]});
+      }
+    };
+    // The previous tile's P V (kPingPong), in this turn with this tile's QK^T.
+    auto pv_prev = [&](int v_stage) {
+      #pragma unroll
+      for (int kk = 0; kk < kNTiles / 2; ++kk) {
+        uint32_t a[kMT][4];
+        for (int mt = 0; mt < kMT; ++mt)
+          for (int e = 0; e < 4; ++e) a[mt][e] = p_prev[kPingPong ? mt : 0][kPingPong ? kk : 0][e];
+        pv(a, myV + v_stage * kBlockN * kRowStride, kk);
+      }
+    };
 
     // One commit group per key tile: K, V and the raw bias tile. Iteration `it` waits for its
     // group (a generic tile is filled into float buffer `buf`), and one barrier publishes tile
@@ -383,8 +472,25 @@ __global__ void __launch_bounds__(
         fill_bias_tile_generic(tile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, cur.i0, j0);
       }
       if (key_filler) keys[key_slot] = key_bias.template value_log2<kFast>(p, plan);
-      __syncthreads();
-      if (it + 1 < cur.k_iters) {
+      block_sync();
+      if constexpr (kPingPong) {
+        // This tile's V (its P V is the next turn's), the next tile's K and raw bias tile or the
+        // next item's first: the barrier above tells every warp of the group is done with the
+        // buffers they overwrite (V of tile it - 2, K and bias of tile it - 1).
+        copy_kv(stage, j0, 2);
+        if (it + 1 < cur.k_iters) {
+          if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
+          copy_kv(stage ^ 1, j0 + kBlockN, 1);
+          if (fast_tile && raw_copier) {
+            raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
+          }
+        } else if (has_next) {
+          next = decode(next_blk);
+          begin_item(next, stage ^ 1, false, 1);
+          next_begun = true;
+        }
+        cp_async_commit();
+      } else if (it + 1 < cur.k_iters) {
         // The key bias first: issued behind the tile loads, its register's reuse waited for them.
         if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
         copy_kv(stage ^ 1, j0 + kBlockN, kLateVAndTile ? 1 : 3);
@@ -413,6 +519,9 @@ __global__ void __launch_bounds__(
           if constexpr (kHalfKStep) q_half_fragment(q_half[mt], mt);
         }
       }
+
+      turn_begin();
+      if (kPingPong && it > 0) pv_prev(stage ^ 1);
 
       // S = Q K^T.
       const Element* Ks = myK + stage * kBlockN * kRowStride;
@@ -469,6 +578,7 @@ __global__ void __launch_bounds__(
             for (int i = 0; i < 4; ++i) mma_1688<Element>(s[mt][4 * nq + i], qh[mt], kf[i]);
         }
       }
+      turn_end();
       // Scores in the log2 domain, then the online softmax on rows g and g + 8 (kSoftmaxSpans
       // times a tile: a second span's scores and max overlap the first's exponentials and P V).
       // Row maxima and sums gather in kPartials independent partials per row (short dependency
@@ -481,6 +591,9 @@ __global__ void __launch_bounds__(
       static_assert(kPartials == 2 || kPartials == 4, "two or four partials per row");
       for (int span = 0; span < kSoftmaxSpans; ++span) {
         const int nt0 = span * kSpan;
+        // Every row tile's scores and max, then one online-softmax step for all (one vote and
+        // branch a span, not one per row tile), then the exponentials.
+        float m_use[kMT][2], local_max[kMT][2];
         #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           float part_max[2][kPartials];
@@ -509,21 +622,21 @@ __global__ void __launch_bounds__(
               part = kLean && nt < nt0 + kPartials ? m : fmaxf(part, m);
             }
           }
-          float m_use[2], local_max[2];
-          for (int r = 0; r < 2; ++r) {
-            local_max[r] = combine_partials<true>(part_max[r]);
-          }
-          // The first scores set the reference without the rescale's products: wide warps only
-          // (H100, same-run A/B: tri256d64 forward 1% faster; tri256 0.8% slower).
-          online_softmax_lazy(local_max, row_max[mt], row_sum[mt], acc_o[mt], m_use,
-                              kMT == 2 && it == 0 && span == 0);
+          for (int r = 0; r < 2; ++r) local_max[mt][r] = combine_partials<true>(part_max[r]);
+        }
+        // The first scores set the reference without the rescale's products: wide warps only
+        // (H100, same-run A/B: tri256d64 forward 1% faster; tri256 0.8% slower).
+        online_softmax_lazy<kMT, kDTiles>(local_max, row_max, row_sum, acc_o, m_use,
+                                          kMT == 2 && it == 0 && span == 0);
+        #pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
           // Row sums in float32 from the unrounded P: the LSE the backward recomputes P from must
           // be float32-accurate (summing the 16-bit P, on the tensor cores, cost 2^-9 relative:
           // bias gradients that cancel over rows failed the bf16 bound).
           float part_sum[2][kPartials] = {};
           for (int nt = nt0; nt < nt0 + kSpan; ++nt) {
             for (int e = 0; e < 4; ++e) {
-              s[mt][nt][e] = exp2_approx(s[mt][nt][e] - m_use[e / 2]);
+              s[mt][nt][e] = exp2_approx(s[mt][nt][e] - m_use[mt][e / 2]);
               float& part = part_sum[e / 2][nt % kPartials];
               part = kLean && nt < nt0 + kPartials && e % 2 == 0 ? s[mt][nt][e] : part + s[mt][nt][e];
             }
@@ -532,30 +645,17 @@ __global__ void __launch_bounds__(
         }
 
         // O += P V, P straight from the S accumulators (their layout is the A-fragment layout);
-        // each V fragment feeds every row tile.
+        // kPingPong: kept for the next turn.
         for (int kk = nt0 / 2; kk < (nt0 + kSpan) / 2; ++kk) {
           uint32_t a[kMT][4];
           #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
             accumulators_to_a<Element>(s[mt][2 * kk], s[mt][2 * kk + 1], a[mt]);
-          }
-          for (int dp = 0; dp < kDTiles / 2; ++dp) {
-            uint32_t vf[4];
-            const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            ldmatrix_x4_trans(vf, Vs + key * kRowStride + dp * 16 + (lane >> 4) * 8);
-            #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              mma_16816<Element>(acc_o[mt][2 * dp], a[mt], {vf[0], vf[1]});
-              mma_16816<Element>(acc_o[mt][2 * dp + 1], a[mt], {vf[2], vf[3]});
+            if constexpr (kPingPong) {
+              for (int e = 0; e < 4; ++e) p_prev[mt][kk][e] = a[mt][e];
             }
           }
-          if constexpr (kDTiles % 2 != 0) {  // head dim 24: the last column tile alone
-            uint32_t vf[2];
-            const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            ldmatrix_x2_trans(vf, Vs + key * kRowStride + (kDTiles - 1) * 8);
-            #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) mma_16816<Element>(acc_o[mt][kDTiles - 1], a[mt], {vf[0], vf[1]});
-          }
+          if constexpr (!kPingPong) pv(a, Vs, kk);
         }
       }
       if (kMT == 2 && next_begun) {
@@ -565,7 +665,20 @@ __global__ void __launch_bounds__(
         load_q(next);
         cp_async_commit();
       }
-      if (!one_barrier) __syncthreads();
+      if (!one_barrier) block_sync();
+    }
+    if constexpr (kPingPong) {
+      // The last tile's P V: its V copies (with the next item's first K, not its Q) from every
+      // thread of the group.
+      if (next_begun) {
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      block_sync();
+      turn_begin();
+      pv_prev((walk - 1) & 1);
+      turn_end();
     }
 
     // Epilogue: normalise, write O (rows g, g + 8 of each row tile) and the LSE.
@@ -676,16 +789,20 @@ __global__ void __launch_bounds__(
       }
     }
 
-    if (!has_next) return;
+    if (!has_next) break;
     if (!next_begun) {
       // One key tile: its Q may still be read by another warp of the group.
-      __syncthreads();
+      block_sync();
       next = decode(next_blk);
       begin_item(next, walk & 1);
       cp_async_commit();
     }
     cur = next;
     blk = next_blk;
+  }
+  while (turns < turns_total) {  // kPingPong: the other group's remaining turns
+    turn_begin();
+    turn_end();
   }
 }
 
@@ -701,13 +818,13 @@ cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t str
     return cudaErrorInvalidValue;
   }
   auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile, kKeyBias>;
-  if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
+  if (cudaError_t err = reserve_smem(kernel, T::kCtaSmemBytes)) return err;
   // With pair_over_k one item per block (its merge reuses the K/V buffers); otherwise at most
-  // the blocks that fit at once, each walking several items.
-  int64_t grid = plan.fwd_blocks;
-  const int64_t resident = T::kPersistent ? resident_blocks(kernel, T::kThreads, T::kSmemBytes) : 0;
+  // the blocks that fit at once, each walking several items (kWarpGroups per block).
+  int64_t grid = (plan.fwd_blocks + T::kWarpGroups - 1) / T::kWarpGroups;
+  const int64_t resident = T::kPersistent ? resident_blocks(kernel, T::kCtaThreads, T::kCtaSmemBytes) : 0;
   if (T::kPersistent && !plan.pair_over_k && resident > 0 && resident < grid) grid = resident;
-  return launch_kernel(kernel, static_cast<size_t>(grid), T::kThreads, T::kSmemBytes, stream, p, plan);
+  return launch_kernel(kernel, static_cast<size_t>(grid), T::kCtaThreads, T::kCtaSmemBytes, stream, p, plan);
 }
 
 }  // namespace evoattn::cuda

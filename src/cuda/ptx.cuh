@@ -78,6 +78,15 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool va
                : "memory");
 }
 
+// Named barriers (ids 1..15; 0 is __syncthreads'): `threads` of the block, a multiple of 32, take
+// part. arrive counts the calling warp in without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
