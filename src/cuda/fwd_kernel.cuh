@@ -1,7 +1,8 @@
 // Forward kernel for float16 / bfloat16 on mma.sync (sm_80+): FlashAttention-2 style.
 //
-//   block = kGroups groups x 4 warps (fwd_groups_for; at head dim 64 with a shared tile 2
-//   groups x 2 warps of 32 rows, two blocks per SM, fwd_warp_m_tiles), each group one work
+//   block = kGroups groups x 4 warps (fwd_groups_for; at head dim 64 with a shared tile two
+//   warp groups of 2 groups x 2 warps of 32 rows, taking turns at the tensor cores, one block
+//   per SM, fwd_warp_m_tiles), each group one work
 //   item (b, n, h, 64-query tile): rows n, n + 1, ... of one (b, h, q-tile) (pair_over_n;
 //   they share one pair-bias tile, double-buffered, one barrier per key tile), or consecutive
 //   q-tiles of one row, or — with few items (pair_over_k) — equal parts of one item's key
@@ -48,8 +49,8 @@ struct FwdTraits {
   static constexpr int kGroupThreads = 32 * kGroupWarps;
   static constexpr int kThreads = kGroups * kGroupThreads;
   // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
-  // Wide warps (head dim 64): two blocks of two groups (255 registers at most), so each block's
-  // barrier per key tile holds back four warps, not eight (H100, same-run A/B against one block
+  // Wide warps (head dim 64): two blocks of two groups (255 registers at most; now two warp
+  // groups of one block, kWarpGroups), so each one's barrier per key tile holds back four warps, not eight (H100, same-run A/B against one block
   // of four groups: tri256d64 forward 0.227 -> 0.211 ms).
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 || kWarpMTiles == 2 ? 2 : 1;
   // One block per SM (head dim >= 64, four-warp groups) walks several work items, starting
@@ -100,7 +101,10 @@ struct FwdTraits {
   // Wide warps run as two warp groups of one block (kPingPong in the kernel): each group of four
   // warps walks its own items, in its own kSmemBytes, as the two blocks did, and the two take
   // turns at the tensor cores. A scheduler holds one warp of each, so one's mmas overlap the
-  // other's softmax instead of meeting them.
+  // other's softmax instead of meeting them. H100, same-run A/Bs, tri256d64 forward: two blocks
+  // 0.197-0.201 ms; one block of two warp groups without turns 0.225 (the runtime shared-memory
+  // base and named barriers alone, in two blocks: 0.208); with turns at QK^T only and the
+  // rotated roles below 0.201; with the turns below 0.196. Each group's code compiled apart (a constant base): 0.203-0.206.
   static constexpr int kWarpGroups = kWarpMTiles == 2 ? 2 : 1;
   static constexpr int kCtaThreads = kWarpGroups * kThreads;
   static constexpr int kCtaMinBlocksPerSm = kMinBlocksPerSm / kWarpGroups;
