@@ -50,8 +50,9 @@ struct FwdTraits {
   static constexpr int kThreads = kGroups * kGroupThreads;
   // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
   // Wide warps (head dim 64): two blocks of two groups (255 registers at most; now two warp
-  // groups of one block, kWarpGroups), so each one's barrier per key tile holds back four warps, not eight (H100, same-run A/B against one block
-  // of four groups: tri256d64 forward 0.227 -> 0.211 ms).
+  // groups of one block, kWarpGroups), so each one's barrier per key tile holds back four
+  // warps, not eight (H100, same-run A/B against one block of four groups: tri256d64 forward
+  // 0.227 -> 0.211 ms).
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 || kWarpMTiles == 2 ? 2 : 1;
   // One block per SM (head dim >= 64, four-warp groups) walks several work items, starting
   // each item's loads during the previous item's last key tile: H100, tri256d64 forward 7%
@@ -104,7 +105,8 @@ struct FwdTraits {
   // other's softmax instead of meeting them. H100, same-run A/Bs, tri256d64 forward: two blocks
   // 0.197-0.201 ms; one block of two warp groups without turns 0.225 (the runtime shared-memory
   // base and named barriers alone, in two blocks: 0.208); with turns at QK^T only and the
-  // rotated roles below 0.201; with the turns below 0.196. Each group's code compiled apart (a constant base): 0.203-0.206.
+  // rotated roles below 0.201; with the turns below 0.196. Each group's code compiled apart (a
+  // constant base): 0.203-0.206.
   static constexpr int kWarpGroups = kWarpMTiles == 2 ? 2 : 1;
   static constexpr int kCtaThreads = kWarpGroups * kThreads;
   static constexpr int kCtaMinBlocksPerSm = kMinBlocksPerSm / kWarpGroups;
@@ -317,11 +319,6 @@ __global__ void __launch_bounds__(
       v_copy.copy_next(v_tile, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D, vec_v, p.v, group_tid);
     }
   };
-  // Wide warps copy the next tile's K (and key biases) after the barrier, its V and raw bias
-  // tile after this tile's QK^T: the copies of a thread no longer queue up in one burst, whose
-  // address registers the next instructions then waited to reuse (H100, same-run A/B: tri256d64
-  // forward 0.2050 -> 0.2008 ms).
-  constexpr bool kLateVAndTile = kMT == 2 && !kPingPong;
   // An item's Q into the group's Q buffer (the caller commits).
   // The fast path's copy is unrolled in 32-bit offsets: the generic loop's 64-bit index math
   // was ~250 instructions a warp and item, 5.6% of the D = 64 forward's stall samples (ncu).
@@ -342,8 +339,8 @@ __global__ void __launch_bounds__(
           group_tid);
     }
   };
-  // Starts an item: its Q, its first K/V tile into stage `s`, the raw bias of its first tile,
-  // its first key biases (the caller commits).
+  // Starts an item: its Q, its first K/V tile into stage `s` (which: 1 = K only, 3 = both), the
+  // raw bias of its first tile, its first key biases (the caller commits).
   auto begin_item = [&](const Item& item, int s, bool with_q = true, int which = 3) {
     const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
     if (with_q) load_q(item);
@@ -497,14 +494,14 @@ __global__ void __launch_bounds__(
       } else if (it + 1 < cur.k_iters) {
         // The key bias first: issued behind the tile loads, its register's reuse waited for them.
         if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
-        copy_kv(stage ^ 1, j0 + kBlockN, kLateVAndTile ? 1 : 3);
-        if (fast_tile && raw_copier && !kLateVAndTile) {
+        copy_kv(stage ^ 1, j0 + kBlockN);
+        if (fast_tile && raw_copier) {
           raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
         }
         cp_async_commit();
       } else if (has_next && it > 0) {
         next = decode(next_blk);
-        begin_item(next, stage ^ 1, kMT == 1);
+        begin_item(next, stage ^ 1);
         cp_async_commit();
         next_begun = true;
       }
@@ -554,13 +551,6 @@ __global__ void __launch_bounds__(
             mma_16816<Element>(s[mt][2 * np + 1], qf[mt], {kf[2], kf[3]});
           }
         }
-      }
-      if (kLateVAndTile && it + 1 < cur.k_iters) {
-        copy_kv(stage ^ 1, j0 + kBlockN, 2);
-        if (fast_tile && raw_copier) {
-          raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
-        }
-        cp_async_commit();
       }
       if constexpr (kHalfKStep) {
         uint32_t qh[kMT][2];

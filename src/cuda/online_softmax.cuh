@@ -42,10 +42,10 @@ constexpr float kRescaleSlack = 8.0f;
 // `first` (warp-uniform): the item's first scores, so O and the row sums are still zero and
 // every row with a finite score moves: the reference is set without the rescale's products.
 template <int kMT, int kDTiles>
-__device__ __forceinline__ void online_softmax_lazy(const float (&local_max)[kMT][2], float (&row_max)[kMT][2],
-                                                    float (&row_sum)[kMT][2],
-                                                    float (&acc_o)[kMT][kDTiles][4], float (&m_use)[kMT][2],
-                                                    bool first) {
+__device__ __forceinline__ void online_softmax_lazy(const float (&local_max)[kMT][2],
+                                                    float (&row_max)[kMT][2], float (&row_sum)[kMT][2],
+                                                    float (&acc_o)[kMT][kDTiles][4],
+                                                    float (&m_use)[kMT][2], bool first) {
   // The difference, not row_max + slack: near |row_max| = 2^27 that sum rounds (to +16, a tie)
   // and a tile 16 above would stay, with P = 2^16: inf in float16. Values this close subtract
   // exactly; -inf - -inf is NaN, which compares false (a masked row stays).
