@@ -98,7 +98,7 @@ struct FwdTraits {
   // fragments are read from shared memory every key tile (see kQInRegs), so each warp copies
   // its own rows of Q, and the next item's only after its last read of them.
   static_assert(kWarpMTiles == 1 || (kWarpMTiles == 2 && kThreads == 128),
-                "wide warps: 2 groups, two blocks per SM");
+                "wide warps: 2 groups, two warp groups a block");
   // Wide warps run as two warp groups of one block (kPingPong in the kernel): each group of four
   // warps walks its own items, in its own kSmemBytes, as the two blocks did, and the two take
   // turns at the tensor cores. A scheduler holds one warp of each, so one's mmas overlap the
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(
   if (kPingPong && wg == 1) named_barrier_arrive(3, 2 * T::kThreads);
   // kPingPong: an item's V tiles are copied one tile later than its K (see the loop).
   begin_item(cur, 0, true, kPingPong ? 1 : 3);
-  cp_async_commit();  // Q, K, V and the raw bias of the first key tile
+  cp_async_commit();  // Q, K, V (kPingPong: not V) and the raw bias of the first key tile
   int walk = 0;  // key tiles done by the block: their parity picks K/V stages and bias buffers
   for (int64_t blk = idle ? plan.fwd_blocks - 1 : first_blk;;) {
     const int64_t next_blk = idle ? plan.fwd_blocks : blk + blk_stride;
@@ -474,37 +474,27 @@ __global__ void __launch_bounds__(
       }
       if (key_filler) keys[key_slot] = key_bias.template value_log2<kFast>(p, plan);
       block_sync();
-      if constexpr (kPingPong) {
-        // This tile's V (its P V is the next turn's), the next tile's K and raw bias tile or the
-        // next item's first: the barrier above tells every warp of the group is done with the
-        // buffers they overwrite (V of tile it - 2, K and bias of tile it - 1).
-        copy_kv(stage, j0, 2);
-        if (it + 1 < cur.k_iters) {
-          if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
-          copy_kv(stage ^ 1, j0 + kBlockN, 1);
-          if (fast_tile && raw_copier) {
-            raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
-          }
-        } else if (has_next) {
-          next = decode(next_blk);
-          begin_item(next, stage ^ 1, false, 1);
-          next_begun = true;
-        }
-        cp_async_commit();
-      } else if (it + 1 < cur.k_iters) {
+      // The next tile's K, V (kPingPong: K only) and raw bias tile, or the next item's first,
+      // into the stage the barrier above freed. kPingPong: first this tile's V (its P V is the
+      // next turn's), into the stage of tile it - 2's V, also freed by the barrier; the next
+      // item begins during any last tile (its V waits for its own first tile).
+      constexpr int kNextKV = kPingPong ? 1 : 3;
+      if constexpr (kPingPong) copy_kv(stage, j0, 2);
+      if (it + 1 < cur.k_iters) {
         // The key bias first: issued behind the tile loads, its register's reuse waited for them.
         if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
-        copy_kv(stage ^ 1, j0 + kBlockN);
+        copy_kv(stage ^ 1, j0 + kBlockN, kNextKV);
         if (fast_tile && raw_copier) {
           raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
         }
-        cp_async_commit();
-      } else if (has_next && it > 0) {
+        if constexpr (!kPingPong) cp_async_commit();
+      } else if (has_next && (kPingPong || it > 0)) {
         next = decode(next_blk);
-        begin_item(next, stage ^ 1);
-        cp_async_commit();
+        begin_item(next, stage ^ 1, !kPingPong, kNextKV);
+        if constexpr (!kPingPong) cp_async_commit();
         next_begun = true;
       }
+      if constexpr (kPingPong) cp_async_commit();  // with this tile's V, always one group a tile
 
       auto q_fragment = [&](uint32_t(&frag)[4], int mt, int kk) {
         ldmatrix_x4(frag, myQ + (warp_row + 16 * mt + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
