@@ -50,7 +50,7 @@ PAIR_BIAS_HEAD_DIMS = [32, 64]
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
 HAND_WRITTEN = ["dispatch.cu", "kernel_launch.cu", "launch_plan.cpp", "row_stats.cu", "simt_fp32.cu",
-                "smem_budget.cu"]
+                "smem_budget.cu", "tma_maps.cpp"]
 
 
 def write_instantiation(out: Path, name: str, header: str, instance: str, names: list) -> None:
@@ -113,6 +113,10 @@ def main() -> None:
                     g = FWD_WIDE[hd]
                     write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast_sharedtile.cu", header,
                                         f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, FwdTile::kShared>{sig}",
+                                        names)
+                    # Its copies by TMA (sm_90 and later; fwd_tma_usable in tma_maps.h).
+                    write_instantiation(out, f"fwd_{dname}_hdim{hd}_g{g}_fast_sharedtile_tma.cu", header,
+                                        f"cudaError_t {fn}<{dtype}, {hd}, {g}, true, FwdTile::kShared, true, true>{sig}",
                                         names)
     header, fn, sig = TF32_FWD
     for hd in HEAD_DIMS:

@@ -11,6 +11,7 @@
 #include "cuda/kernels.h"
 #include "cuda/launch_plan.h"
 #include "cuda/smem_budget.h"
+#include "cuda/tma_maps.h"
 
 namespace evoattn {
 namespace {
@@ -131,6 +132,9 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
           LaunchPlan wide = plan;
           cuda::set_fwd_groups(wide, p, kGroups);
           if (cuda::fwd_shared_tile(wide)) {
+            if (cuda::fwd_tma_usable(p, wide)) {
+              return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared, true, true>(p, wide, stream);
+            }
             return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, wide, stream);
           }
         }

@@ -28,6 +28,7 @@
 #include "cuda/ptx.cuh"
 #include "cuda/smem_budget.h"
 #include "cuda/tile_io.cuh"
+#include "cuda/tma_maps.h"
 #include "params.h"
 
 namespace evoattn::cuda {
@@ -134,13 +135,17 @@ inline constexpr int kFwdWarpMTiles = fwd_warp_m_tiles(kHeadDim, kTile);
 // kFast: the plan satisfies fwd_fast_path(), and the generic paths are compiled out. kTile:
 // the tile bias it is compiled for (FwdTile); kNone compiles the tile code out. kKeyBias =
 // false: no key-bias code either (fwd_key_bias_free: whole key tiles, no key slot; the head-dim-24
-// kernel of AlphaFold 3's pair-bias attention: 11% fewer loop instructions).
+// kernel of AlphaFold 3's pair-bias attention: 11% fewer loop instructions). kTma: the wide-warp
+// kernel's K, V and pair-bias tiles copied by TMA (sm_90 and later; `tma`, fwd_tma_usable), each
+// group's by one thread, into 128-byte swizzled rows, and waited for on mbarriers; else, and
+// always for Q, by every thread's cp.async.
 template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny,
-          bool kKeyBias = true>
+          bool kKeyBias = true, bool kTma = false>
 __global__ void __launch_bounds__(
     FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kCtaThreads,
     FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>::kCtaMinBlocksPerSm)
-    fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan) {
+    fwd_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ LaunchPlan plan,
+               const __grid_constant__ FwdTmaMaps tma) {
   using T = FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
   constexpr int kMT = T::kWarpMTiles;  // row tiles of 16 per warp: mt = 0 .. kMT - 1
@@ -151,14 +156,26 @@ __global__ void __launch_bounds__(
   constexpr bool kHalfKStep = kHeadDim % 16 != 0;  // and an m16n8k8 one (head dim 24)
   constexpr int kSmemHeadDim = T::kSmemHeadDim;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kTma) __trap();  // launched only on sm_90 and later (fwd_tma_usable)
+#endif
   start_after_previous_grid();  // before any global memory access (kernel_launch.h)
 
   // kPingPong: warp group wg (threads 128 wg ..) is a block of its own below: its tid, its
   // shared memory, its barrier (block_sync) and its items.
   constexpr bool kPingPong = T::kWarpGroups == 2;
   const int wg = kPingPong ? static_cast<int>(threadIdx.x) / T::kThreads : 0;
+  static_assert(!kTma || (kPingPong && kFast && kHeadDim == 64), "TMA: the wide-warp kernel");
   extern __shared__ __align__(16) unsigned char smem_base[];
-  unsigned char* const smem_raw = smem_base + wg * T::kSmemBytes;
+  // kTma: a swizzled box lands at a 1024-byte aligned address (run_fwd allocates 1 KB more).
+  // Every buffer below starts at a multiple of 1024 bytes from smem_block.
+  unsigned char* const smem_block =
+      kTma ? smem_base + (1024u - smem_addr(smem_base) % 1024u) % 1024u : smem_base;
+  unsigned char* const smem_raw = smem_block + wg * T::kSmemBytes;
+  // kTma: the group's mbarriers after both warp groups' buffers: k_full[s] completes when stage
+  // s holds K (and the pair-bias tile) of both groups, v_full[s] their V.
+  uint64_t* const k_full = reinterpret_cast<uint64_t*>(smem_block + T::kCtaSmemBytes) + 4 * wg;
+  uint64_t* const v_full = k_full + 2;
   Element* sQ = reinterpret_cast<Element*>(smem_raw);
   Element* sK = sQ + T::kQElems;
   Element* sV = sK + T::kKVElems;
@@ -182,6 +199,18 @@ __global__ void __launch_bounds__(
   const int group = warp / T::kGroupWarps, group_tid = tid % T::kGroupThreads;
   const int warp_row = (warp % T::kGroupWarps) * T::kWarpRows;  // row tile mt: + 16 mt
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
+  // kTma: the first thread of each group issues the group's TMA loads (group 0's also the
+  // shared pair-bias tile's), one arrival on the stage's barrier each.
+  const bool tma_issuer = kTma && group_tid == 0;
+  if constexpr (kTma) {
+    if (tid == 0) {
+      for (int s = 0; s < 2; ++s) {
+        mbarrier_init(k_full + s, kGroups);
+        mbarrier_init(v_full + s, kGroups);
+      }
+    }
+    block_sync();
+  }
 
   // A group's work item (see LaunchPlan::pair_over_n). An idle group (N or the q-tile count
   // not a multiple of kGroups) recomputes the last item and stores nothing, so barriers stay
@@ -300,6 +329,11 @@ __global__ void __launch_bounds__(
   static_assert(kKeyBias || (kFast && (kTile == FwdTile::kOwn || kTile == FwdTile::kShared)),
                 "without key biases: the fast tile's score form only");
 
+  // Element offset of chunk `chunk` (8 elements) of K or V row `row`, where row % 8 == lane % 8
+  // (every ldmatrix address below): kTma's swizzled rows or the padded rows.
+  auto kv_at = [&](int row, int chunk) {
+    return kTma ? SwizzledRows64::at_lane_row(row, chunk, lane) : row * kRowStride + chunk * 8;
+  };
   using KVCopy = std::conditional_t<kFast, SeqTileStream32<Element, kBlockN, kSmemHeadDim, T::kGroupThreads>,
                                     SeqTileStream<Element, kBlockN, kSmemHeadDim, T::kGroupThreads>>;
   KVCopy k_copy, v_copy;
@@ -317,6 +351,26 @@ __global__ void __launch_bounds__(
     } else {
       k_copy.copy_next(k_tile, j, p.Lk, p.k_stride.l, p.k_stride.d, p.D, vec_k, p.k, group_tid);
       v_copy.copy_next(v_tile, j, p.Lk, p.v_stride.l, p.v_stride.d, p.D, vec_v, p.v, group_tid);
+    }
+  };
+  // kTma: the group's K (which & 1; with group 0's the pair-bias tile) and V (which & 2) of key
+  // tile j of `item` into stage s, by the group's issuing thread.
+  auto tma_kv = [&](int s, const Item& item, int j, int which) {
+    if (!tma_issuer) return;
+    constexpr uint32_t kBoxBytes = kBlockN * kSmemHeadDim * sizeof(Element);
+    static_assert(!kTma || kBoxBytes == kBlockM * kBlockN * sizeof(uint16_t), "K, V and tile boxes of 64 x 64");
+    const int c[5] = {0, j, static_cast<int>(item.h), static_cast<int>(item.n), static_cast<int>(item.b)};
+    if (which & 1) {
+      mbarrier_arrive_expect_tx(k_full + s, group == 0 ? 2 * kBoxBytes : kBoxBytes);
+      tma_load<5>(myK + s * kBlockN * kRowStride, &tma.k, k_full + s, c);
+      if (group == 0) {
+        const int cb[4] = {j, static_cast<int>(item.i0), static_cast<int>(item.h), static_cast<int>(item.b)};
+        tma_load<4>(myRawTile + s * RawBiasTile::kElems, &tma.bias, k_full + s, cb);
+      }
+    }
+    if (which & 2) {
+      mbarrier_arrive_expect_tx(v_full + s, kBoxBytes);
+      tma_load<5>(myV + s * kBlockN * kRowStride, &tma.v, v_full + s, c);
     }
   };
   // An item's Q into the group's Q buffer (the caller commits).
@@ -344,7 +398,9 @@ __global__ void __launch_bounds__(
   auto begin_item = [&](const Item& item, int s, bool with_q = true, int which = 3) {
     const Index j_begin = static_cast<Index>(item.kt_begin) * kBlockN;
     if (with_q) load_q(item);
-    if constexpr (kFast) {
+    if constexpr (kTma) {
+      tma_kv(s, item, static_cast<int>(j_begin), which);
+    } else if constexpr (kFast) {
       auto stream = [&](const SeqStrides& st) {
         return KVCopy(bnh_offset(st, item.b, item.n, item.h), j_begin, static_cast<int>(st.l), p.D, group_tid);
       };
@@ -354,8 +410,8 @@ __global__ void __launch_bounds__(
       k_copy = KVCopy(row_ptr<Element>(p.k, p.k_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
       v_copy = KVCopy(row_ptr<Element>(p.v, p.v_stride, item.b, item.n, item.h), j_begin, p.D, group_tid);
     }
-    copy_kv(s, j_begin, which);
-    if (fast_tile && raw_copier) {
+    if constexpr (!kTma) copy_kv(s, j_begin, which);
+    if (!kTma && fast_tile && raw_copier) {
       raw_tile.start(p, plan, raw_copy_tid, item.b, item.n, item.h, item.i0, j_begin);
       raw_tile.copy_next(myRawTile + s * RawBiasTile::kElems, plan, raw_copy_tid);
     }
@@ -430,7 +486,7 @@ __global__ void __launch_bounds__(
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         uint32_t vf[4];
         const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4_trans(vf, Vs + key * kRowStride + dp * 16 + (lane >> 4) * 8);
+        ldmatrix_x4_trans(vf, Vs + kv_at(key, 2 * dp + (lane >> 4)));
         #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           mma_16816<Element>(acc_o[mt][2 * dp], a[mt], {vf[0], vf[1]});
@@ -479,12 +535,20 @@ __global__ void __launch_bounds__(
       // next turn's), into the stage of tile it - 2's V, also freed by the barrier; the next
       // item begins during any last tile (its V waits for its own first tile).
       constexpr int kNextKV = kPingPong ? 1 : 3;
-      if constexpr (kPingPong) copy_kv(stage, j0, 2);
+      if constexpr (kTma) {
+        tma_kv(stage, cur, static_cast<int>(j0), 2);
+      } else if constexpr (kPingPong) {
+        copy_kv(stage, j0, 2);
+      }
       if (it + 1 < cur.k_iters) {
         // The key bias first: issued behind the tile loads, its register's reuse waited for them.
         if (key_filler) key_bias.template load_next<kFast>(p, plan, cur.b, cur.n, cur.h);
-        copy_kv(stage ^ 1, j0 + kBlockN, kNextKV);
-        if (fast_tile && raw_copier) {
+        if constexpr (kTma) {
+          tma_kv(stage ^ 1, cur, static_cast<int>(j0) + kBlockN, kNextKV);
+        } else {
+          copy_kv(stage ^ 1, j0 + kBlockN, kNextKV);
+        }
+        if (!kTma && fast_tile && raw_copier) {
           raw_tile.copy_next(myRawTile + (stage ^ 1) * RawBiasTile::kElems, plan, raw_copy_tid);
         }
         if constexpr (!kPingPong) cp_async_commit();
@@ -494,7 +558,12 @@ __global__ void __launch_bounds__(
         if constexpr (!kPingPong) cp_async_commit();
         next_begun = true;
       }
-      if constexpr (kPingPong) cp_async_commit();  // with this tile's V, always one group a tile
+      if constexpr (kPingPong && !kTma) cp_async_commit();  // with this tile's V, always one group a tile
+      if constexpr (kTma) {
+        // This tile's K and tile bias, and the previous tile's V (its P V is this tile's turn).
+        mbarrier_wait(k_full + stage, (walk >> 1) & 1);
+        if (it > 0) mbarrier_wait(v_full + (stage ^ 1), ((walk - 1) >> 1) & 1);
+      }
 
       auto q_fragment = [&](uint32_t(&frag)[4], int mt, int kk) {
         ldmatrix_x4(frag, myQ + (warp_row + 16 * mt + lane % 16) * kRowStride + kk * 16 + (lane / 16) * 8);
@@ -534,7 +603,7 @@ __global__ void __launch_bounds__(
         for (int np = 0; np < kNTiles / 2; ++np) {
           uint32_t kf[4];
           const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(kf, Ks + key * kRowStride + kk * 16 + ((lane >> 3) & 1) * 8);
+          ldmatrix_x4(kf, Ks + kv_at(key, 2 * kk + ((lane >> 3) & 1)));
           #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
             mma_16816<Element>(s[mt][2 * np], qf[mt], {kf[0], kf[1]});
@@ -653,13 +722,17 @@ __global__ void __launch_bounds__(
     }
     if constexpr (kPingPong) {
       // The last tile's P V: its V copies (with the next item's first K, not its Q) from every
-      // thread of the group.
-      if (next_begun) {
-        cp_async_wait<1>();
+      // thread of the group; kTma: its V's barrier.
+      if constexpr (kTma) {
+        mbarrier_wait(v_full + ((walk - 1) & 1), ((walk - 1) >> 1) & 1);
       } else {
-        cp_async_wait<0>();
+        if (next_begun) {
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        block_sync();
       }
-      block_sync();
       turn_begin();
       pv_prev((walk - 1) & 1);
       turn_end();
@@ -790,10 +863,10 @@ __global__ void __launch_bounds__(
   }
 }
 
-// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kTile, kKeyBias); defined
-// per instantiation file. plan.fwd_groups must be kGroups.
+// Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kTile, kKeyBias, kTma);
+// defined per instantiation file. plan.fwd_groups must be kGroups; kTma: fwd_tma_usable.
 template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny,
-          bool kKeyBias = true>
+          bool kKeyBias = true, bool kTma = false>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using T = FwdTraits<Element, kHeadDim, kGroups, kFwdWarpMTiles<kHeadDim, kTile>>;
   if (plan.fwd_groups != kGroups || (kTile == FwdTile::kNone && plan.tile_slots != 0) ||
@@ -801,14 +874,21 @@ cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t str
       (!kKeyBias && !fwd_key_bias_free(plan, p.Lk))) {
     return cudaErrorInvalidValue;
   }
-  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile, kKeyBias>;
-  if (cudaError_t err = reserve_smem(kernel, T::kCtaSmemBytes)) return err;
+  FwdTmaMaps maps{};
+  if constexpr (kTma) {
+    if (cudaError_t err = encode_fwd_tma_maps(p, plan, &maps)) return err;
+  }
+  // kTma: 1 KB to align the buffers to, and the mbarriers (fwd_kernel).
+  constexpr size_t kSmemBytes = T::kCtaSmemBytes + (kTma ? 1024 + 4 * T::kWarpGroups * sizeof(uint64_t) : 0);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+  auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile, kKeyBias, kTma>;
+  if (cudaError_t err = reserve_smem(kernel, kSmemBytes)) return err;
   // With pair_over_k one item per block (its merge reuses the K/V buffers); otherwise at most
   // the blocks that fit at once, each walking several items (kWarpGroups per block).
   int64_t grid = (plan.fwd_blocks + T::kWarpGroups - 1) / T::kWarpGroups;
-  const int64_t resident = T::kPersistent ? resident_blocks(kernel, T::kCtaThreads, T::kCtaSmemBytes) : 0;
+  const int64_t resident = T::kPersistent ? resident_blocks(kernel, T::kCtaThreads, kSmemBytes) : 0;
   if (T::kPersistent && !plan.pair_over_k && resident > 0 && resident < grid) grid = resident;
-  return launch_kernel(kernel, static_cast<size_t>(grid), T::kCtaThreads, T::kCtaSmemBytes, stream, p, plan);
+  return launch_kernel(kernel, static_cast<size_t>(grid), T::kCtaThreads, kSmemBytes, stream, p, plan, maps);
 }
 
 }  // namespace evoattn::cuda

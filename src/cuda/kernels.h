@@ -14,9 +14,10 @@ namespace evoattn::cuda {
 // float16 / bfloat16 on mma.sync; tiles of 64 queries x 64 keys. kFast: the plan takes the
 // common-case path (fwd_fast_path / bwd_fast_path in launch_plan.h).
 // The forward's kGroups: plan.fwd_groups (fwd_groups_for); kTile: FwdTile (launch_plan.h);
-// kKeyBias = false: compiled without key biases (fwd_key_bias_free).
+// kKeyBias = false: compiled without key biases (fwd_key_bias_free); kTma: the wide-warp
+// kernel's copies by TMA (fwd_tma_usable in tma_maps.h).
 template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile = FwdTile::kAny,
-          bool kKeyBias = true>
+          bool kKeyBias = true, bool kTma = false>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 // The dK/dV kernel's kNoTile: compiled without tile-bias code (dkdv_no_tile); kKeyTiles = 2:
 // two key tiles a block (LaunchPlan::dkdv_key_pairs).

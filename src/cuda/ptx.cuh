@@ -1,6 +1,6 @@
 // Thin wrappers over the PTX the kernels use: cp.async (Ampere+), ldmatrix, mma.sync m16n8k16
 // (16-bit) and m16n8k8 (16-bit and TF32), ex2.approx. Everything here exists on sm_80 and later,
-// except griddepcontrol (sm_90), which compiles to nothing before.
+// except griddepcontrol, mbarrier waits and TMA loads (sm_90), which compile to nothing before.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -85,6 +85,60 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// mbarriers and the tensor memory accelerator (TMA; sm_90 and later, compiled to nothing
+// before: the kernels that use them run only there). A TMA load copies a box of a tensor map
+// into shared memory and counts its bytes on an mbarrier; a thread waits for a barrier's phase
+// (its parity) to complete.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also expects `bytes` more of TMA traffic in the current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// The box at coordinates c (innermost first) of the tensor map at `map` (a __grid_constant__
+// kernel parameter) into shared memory at `dst`, counted on `bar`.
+template <int kRank>
+__device__ __forceinline__ void tma_load(void* dst, const void* map, uint64_t* bar, const int (&c)[kRank]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint64_t desc = reinterpret_cast<uint64_t>(map);
+  if constexpr (kRank == 4) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(desc), "r"(smem_addr(bar)), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3])
+        : "memory");
+  } else {
+    static_assert(kRank == 5, "4-d and 5-d maps");
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(desc), "r"(smem_addr(bar)), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(c[4])
+        : "memory");
+  }
+#endif
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -6,6 +6,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/row_stats.cu
   cuda/simt_fp32.cu
   cuda/smem_budget.cu
+  cuda/tma_maps.cpp
   cuda/instantiations/fwd_fp16_hdim16_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_notile.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_sharedtile.cu
@@ -23,6 +24,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_fp16_hdim64_g1_fast.cu
   cuda/instantiations/fwd_fp16_hdim64_g1_generic.cu
   cuda/instantiations/fwd_fp16_hdim64_g2_fast_sharedtile.cu
+  cuda/instantiations/fwd_fp16_hdim64_g2_fast_sharedtile_tma.cu
   cuda/instantiations/fwd_fp16_hdim128_g2_fast.cu
   cuda/instantiations/fwd_fp16_hdim128_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim128_g1_fast.cu
@@ -44,6 +46,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_bf16_hdim64_g1_fast.cu
   cuda/instantiations/fwd_bf16_hdim64_g1_generic.cu
   cuda/instantiations/fwd_bf16_hdim64_g2_fast_sharedtile.cu
+  cuda/instantiations/fwd_bf16_hdim64_g2_fast_sharedtile_tma.cu
   cuda/instantiations/fwd_bf16_hdim128_g2_fast.cu
   cuda/instantiations/fwd_bf16_hdim128_g2_generic.cu
   cuda/instantiations/fwd_bf16_hdim128_g1_fast.cu

@@ -1,0 +1,31 @@
+// Tensor maps for the forward's TMA copies (sm_90 and later): K, V and the shared pair-bias
+// tile of the wide-warp head-dim-64 kernel, each a box of 64 x 64 16-bit elements in 128-byte
+// swizzled rows (SwizzledRows64), zero past the tensor's edges.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only: no driver library is linked)
+#include <cuda_runtime.h>
+
+#include "cuda/launch_plan.h"
+#include "params.h"
+
+namespace evoattn::cuda {
+
+// K and V as [B, N, H, Lk, D] (5-d, coordinates {d, key, h, n, b}), the pair bias as
+// [B, H, Lq, Lk] (4-d, {key, query, h, b}). A kernel parameter (__grid_constant__).
+struct FwdTmaMaps {
+  CUtensorMap k, v, bias;
+};
+
+// Whether a call the wide-warp kernel takes (fwd_shared_tile, fast path) can copy by TMA: a GPU
+// of compute capability 9.0 or later, strides and addresses the tensor maps take (16-byte
+// multiples, none negative, no broadcast of K, V or the tile over a dimension longer than 1),
+// and the environment variable EVOATTN_DISABLE_TMA unset or "0" (read at every call; for A/B
+// timing).
+bool fwd_tma_usable(const FwdParams& p, const LaunchPlan& plan);
+
+// The tensor maps of such a call (cuTensorMapEncodeTiled through the runtime's driver entry
+// point).
+cudaError_t encode_fwd_tma_maps(const FwdParams& p, const LaunchPlan& plan, FwdTmaMaps* maps);
+
+}  // namespace evoattn::cuda
