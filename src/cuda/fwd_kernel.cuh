@@ -529,6 +529,8 @@ __global__ void __launch_bounds__(
         fill_bias_tile_generic(tile, kTileStride, fill, p, plan, cur.b, cur.n, cur.h, cur.i0, j0);
       }
       if (key_filler) keys[key_slot] = key_bias.template value_log2<kFast>(p, plan);
+      // kTma: the previous item's O store has read the V stage the loads after this barrier fill.
+      if (kTma && it == 0 && lane == 0) bulk_wait_read<0>();
       block_sync();
       // The next tile's K, V (kPingPong: K only) and raw bias tile, or the next item's first,
       // into the stage the barrier above freed. kPingPong: first this tile's V (its P V is the
@@ -793,7 +795,46 @@ __global__ void __launch_bounds__(
     // tri256d64 forward 0.2062 -> 0.2009 ms, tri256 0.0779 -> 0.0774.
     const bool whole_tile = kFast && cur.i0 + kBlockM <= static_cast<Index>(p.Lq) && plan.pairs_o &&
                             p.D == 8 * kDTiles;
-    if (cur.active && whole_tile) {
+    if (kTma && cur.active) {
+      // kTma: the warp's 32 rows of O into its rows of the group's free V stage (tile walk's:
+      // its last reader was the last tile's turn, its next writer the TMA load issued after the
+      // next item's first barrier, which waits for this store to have read it), by stmatrix in
+      // the swizzled rows, then out by one TMA store, clipped at Lq and D.
+      Element* const o_tile = myV + (walk & 1) * kBlockN * kRowStride;
+      #pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        float inv[2];
+        for (int r = 0; r < 2; ++r) {
+          const float sum = sums[mt][r];
+          inv[r] = sum == 0.0f ? 0.0f : rcp_approx(sum);  // sum >= 1: the reference max counts 1
+          const Index i = cur.i0 + warp_row + 16 * mt + g + 8 * r;
+          if (t == 0 && p.lse != nullptr && i < p.Lq) {
+            p.lse[cur.b * static_cast<Index>(p.lse_stride_b) + cur.n * static_cast<Index>(p.lse_stride_n) +
+                  cur.h * static_cast<Index>(p.lse_stride_h) + i * static_cast<Index>(p.lse_stride_q)] =
+                row_lse(row_max[mt][r], sum);
+          }
+        }
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          // Matrices: rows + 0 / + 8 of column tiles 2 dp, 2 dp + 1; lane l addresses row l % 8
+          // of matrix l / 8.
+          uint32_t m[4];
+          for (int i = 0; i < 4; ++i) {
+            const float(&a)[4] = acc_o[mt][2 * dp + i / 2];
+            const int r = i % 2;
+            m[i] = pack2<Element>(a[2 * r] * inv[r], a[2 * r + 1] * inv[r]);
+          }
+          stmatrix_x4(o_tile + kv_at(warp_row + 16 * mt + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)), m);
+        }
+      }
+      fence_proxy_async();
+      __syncwarp();
+      if (lane == 0) {
+        const int c[5] = {0, static_cast<int>(cur.i0) + warp_row, static_cast<int>(cur.h), static_cast<int>(cur.n),
+                          static_cast<int>(cur.b)};
+        tma_store_5d(&tma.o, o_tile + warp_row * kSmemHeadDim, c);
+        bulk_commit();
+      }
+    } else if (cur.active && whole_tile) {
       float inv[kMT][2], lse[kMT][2];
       #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -861,6 +902,7 @@ __global__ void __launch_bounds__(
     turn_begin();
     turn_end();
   }
+  if (kTma && lane == 0) bulk_wait<0>();  // the last O store (its shared memory is this block's)
 }
 
 // Launches fwd_kernel for one (Element, kHeadDim, kGroups, kFast, kTile, kKeyBias, kTma);

@@ -1,6 +1,6 @@
 // Thin wrappers over the PTX the kernels use: cp.async (Ampere+), ldmatrix, mma.sync m16n8k16
 // (16-bit) and m16n8k8 (16-bit and TF32), ex2.approx. Everything here exists on sm_80 and later,
-// except griddepcontrol, mbarrier waits and TMA loads (sm_90), which compile to nothing before.
+// except griddepcontrol, mbarriers, TMA and stmatrix (sm_90), which compile to nothing before.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -138,6 +138,52 @@ __device__ __forceinline__ void tma_load(void* dst, const void* map, uint64_t* b
         "l"(desc), "r"(smem_addr(bar)), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(c[4])
         : "memory");
   }
+#endif
+}
+
+// The box at coordinates c of the tensor map at `map` from shared memory at `src` (its
+// writes by this thread's generic stores made visible first: fence_proxy_async), in this
+// thread's bulk group; bulk_commit closes the group, bulk_wait_read<0> waits until every group
+// has read its shared memory (it may then be overwritten), bulk_wait<0> until the writes are
+// done.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void tma_store_5d(const void* map, const void* src, const int (&c)[5]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(src)), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(c[4])
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// Four 8x8 b16 matrices from registers to shared memory (sm_90): lane l gives the row address
+// of matrix l / 8, row l % 8; r[i] holds this thread's pair of matrix i in the mma C layout.
+__device__ __forceinline__ void stmatrix_x4(void* smem, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(smem)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 #endif
 }
 

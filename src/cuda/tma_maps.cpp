@@ -48,14 +48,15 @@ bool tma_legal(const TensorShape& t, const void* ptr) {
   return true;
 }
 
-cudaError_t encode(CUtensorMap* map, const TensorShape& t, const void* ptr) {
+// Boxes of kTile x box_rows elements (innermost first).
+cudaError_t encode(CUtensorMap* map, const TensorShape& t, const void* ptr, int box_rows = kTile) {
   const EncodeTiled fn = encode_tiled();
   if (fn == nullptr) return cudaErrorNotSupported;
   cuuint64_t dims[kMaxRank], strides[kMaxRank - 1];
   cuuint32_t box[kMaxRank], element_strides[kMaxRank];
   for (int i = 0; i < t.rank; ++i) {
     dims[i] = static_cast<cuuint64_t>(t.size[i]);
-    box[i] = i < 2 ? static_cast<cuuint32_t>(kTile) : 1;
+    box[i] = static_cast<cuuint32_t>(i == 0 ? kTile : i == 1 ? box_rows : 1);
     element_strides[i] = 1;
     if (i > 0) strides[i - 1] = static_cast<cuuint64_t>(t.size[i] == 1 ? 16 : t.stride[i] * 2);
   }
@@ -66,8 +67,8 @@ cudaError_t encode(CUtensorMap* map, const TensorShape& t, const void* ptr) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-TensorShape seq_shape(const FwdParams& p, const SeqStrides& s) {
-  return {5, {p.D, p.Lk, p.H, p.N, p.B}, {s.d, s.l, s.h, s.n, s.b}};
+TensorShape seq_shape(const FwdParams& p, const SeqStrides& s, int64_t L) {
+  return {5, {p.D, L, p.H, p.N, p.B}, {s.d, s.l, s.h, s.n, s.b}};
 }
 TensorShape tile_shape(const FwdParams& p, const LaunchPlan& plan) {
   const ScoreStrides& s = plan.tile_single.stride;
@@ -86,13 +87,14 @@ bool fwd_tma_usable(const FwdParams& p, const LaunchPlan& plan) {
     return false;
   }
   return major >= 9 && plan.tile_fast_slot >= 0 && encode_tiled() != nullptr &&
-         tma_legal(seq_shape(p, p.k_stride), p.k) && tma_legal(seq_shape(p, p.v_stride), p.v) &&
-         tma_legal(tile_shape(p, plan), plan.tile_single.ptr);
+         tma_legal(seq_shape(p, p.k_stride, p.Lk), p.k) && tma_legal(seq_shape(p, p.v_stride, p.Lk), p.v) &&
+         tma_legal(seq_shape(p, p.o_stride, p.Lq), p.o) && tma_legal(tile_shape(p, plan), plan.tile_single.ptr);
 }
 
 cudaError_t encode_fwd_tma_maps(const FwdParams& p, const LaunchPlan& plan, FwdTmaMaps* maps) {
-  if (cudaError_t e = encode(&maps->k, seq_shape(p, p.k_stride), p.k)) return e;
-  if (cudaError_t e = encode(&maps->v, seq_shape(p, p.v_stride), p.v)) return e;
+  if (cudaError_t e = encode(&maps->k, seq_shape(p, p.k_stride, p.Lk), p.k)) return e;
+  if (cudaError_t e = encode(&maps->v, seq_shape(p, p.v_stride, p.Lk), p.v)) return e;
+  if (cudaError_t e = encode(&maps->o, seq_shape(p, p.o_stride, p.Lq), p.o, kTmaStoreRows)) return e;
   return encode(&maps->bias, tile_shape(p, plan), plan.tile_single.ptr);
 }
 

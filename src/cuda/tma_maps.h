@@ -1,6 +1,7 @@
 // Tensor maps for the forward's TMA copies (sm_90 and later): K, V and the shared pair-bias
 // tile of the wide-warp head-dim-64 kernel, each a box of 64 x 64 16-bit elements in 128-byte
-// swizzled rows (SwizzledRows64), zero past the tensor's edges.
+// swizzled rows (SwizzledRows64), zero past the tensor's edges; and O, stored a warp's 32 rows
+// a box, clipped at the edges.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a type only: no driver library is linked)
@@ -11,15 +12,17 @@
 
 namespace evoattn::cuda {
 
-// K and V as [B, N, H, Lk, D] (5-d, coordinates {d, key, h, n, b}), the pair bias as
+// K, V and O as [B, N, H, L, D] (5-d, coordinates {d, row, h, n, b}), the pair bias as
 // [B, H, Lq, Lk] (4-d, {key, query, h, b}). A kernel parameter (__grid_constant__).
 struct FwdTmaMaps {
-  CUtensorMap k, v, bias;
+  CUtensorMap k, v, bias, o;
 };
+// Rows of O one TMA store writes: a wide warp's.
+constexpr int kTmaStoreRows = 32;
 
 // Whether a call the wide-warp kernel takes (fwd_shared_tile, fast path) can copy by TMA: a GPU
 // of compute capability 9.0 or later, strides and addresses the tensor maps take (16-byte
-// multiples, none negative, no broadcast of K, V or the tile over a dimension longer than 1),
+// multiples, none negative, no broadcast of K, V, O or the tile over a dimension longer than 1),
 // and the environment variable EVOATTN_DISABLE_TMA unset or "0" (read at every call; for A/B
 // timing).
 bool fwd_tma_usable(const FwdParams& p, const LaunchPlan& plan);

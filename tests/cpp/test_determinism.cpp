@@ -1,6 +1,7 @@
 // Bitwise determinism (SPEC "Backward"): the same inputs give the same bytes in every output
 // and gradient, run after run, on the CPU whatever the number of threads, and on the GPU with
-// or without programmatic dependent launch. Whole buffers are compared, padding included.
+// or without programmatic dependent launch, and with or without TMA copies. Whole buffers are
+// compared, padding included.
 #include <gtest/gtest.h>
 
 #include "attention_case.h"
@@ -29,6 +30,10 @@ std::vector<Case> determinism_cases() {
   // (LaunchPlan::delta_in_dkdv).
   cases.push_back(shape(1, 32, 8, 40, 256, 64, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
   cases.push_back(shape(1, 32, 8, 130, 256, 64, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
+  // The wide-warp head-dim-64 forward (TMA copies on sm_90) with partial query and key tiles, at
+  // D = 64 and 48 (boxes past the tensor's edges: zero-filled loads, clipped stores).
+  cases.push_back(shape(1, 5, 2, 70, 136, 64, EVOATTN_FLOAT16).biases("bn11k", "b1hqk").grads(true, true));
+  cases.push_back(shape(1, 6, 2, 100, 72, 48, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
   // The same without a pair bias: the dK/dV kernel compiled without tile-bias code.
   cases.push_back(shape(1, 64, 4, 97, 136, 32, EVOATTN_BFLOAT16).biases("bn11k", "").grads(true, false));
   cases.push_back(shape(3, 2, 2, 40, 130, 24, EVOATTN_FLOAT32)
@@ -61,7 +66,7 @@ void expect_same_bytes(const Outputs& a, const Outputs& b, const std::string& wh
   EXPECT_TRUE(same_bytes(a.bwd.d_pair_bias, b.bwd.d_pair_bias)) << "d_pair_bias differs: " << what;
 }
 
-// Whether this GPU has programmatic dependent launch (sm_90 and later).
+// Whether this GPU has programmatic dependent launch and TMA (sm_90 and later).
 bool gpu_has_dependent_launch() {
 #ifdef EVOATTN_WITH_CUDA
   int device = 0, major = 0;
@@ -109,6 +114,20 @@ TEST_P(Determinism, DependentLaunchDoesNotChangeBytes) {
   const Outputs overlapped = run_both(c, in, &options);
   const ScopedEnv serial("EVOATTN_DISABLE_PDL", "1");
   expect_same_bytes(overlapped, run_both(c, in, &options), "EVOATTN_DISABLE_PDL=1");
+}
+
+// The head-dim-64 wide-warp forward copies by TMA on sm_90 and later (src/cuda/tma_maps.h);
+// the cp.async kernel it replaces computes the same bytes.
+TEST_P(Determinism, TmaCopiesDoNotChangeBytes) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  if (c.backend != Backend::kCuda) GTEST_SKIP() << "kernel copies: CUDA only";
+  if (!gpu_has_dependent_launch()) GTEST_SKIP() << "no TMA before sm_90";
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  const Outputs tma = run_both(c, in, &options);
+  const ScopedEnv cp_async("EVOATTN_DISABLE_TMA", "1");
+  expect_same_bytes(tma, run_both(c, in, &options), "EVOATTN_DISABLE_TMA=1");
 }
 
 TEST_P(Determinism, NullOptionsAreTheDefaults) {
