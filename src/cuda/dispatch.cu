@@ -123,7 +123,8 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
     } else {
       // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where two of
       // its warp groups fit one SM of this GPU (109 KB each, one block of both: the H100) and its
-      // groups still share the tile.
+      // groups still share the tile; its copies by TMA where the GPU, the strides and the shared
+      // memory allow (tma_maps.h; H100: tri256d64 forward 0.192 -> 0.165 ms).
       if constexpr (kFast && kHeadDim == 64) {
         constexpr int kGroups = cuda::kWideFwdGroups;
         constexpr size_t kBytes =
@@ -132,7 +133,7 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
           LaunchPlan wide = plan;
           cuda::set_fwd_groups(wide, p, kGroups);
           if (cuda::fwd_shared_tile(wide)) {
-            if (cuda::fwd_tma_usable(p, wide)) {
+            if (cuda::fwd_tma_block_smem_bytes(kBytes) <= smem_limit && cuda::fwd_tma_usable(p, wide)) {
               return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared, true, true>(p, wide, stream);
             }
             return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kShared>(p, wide, stream);

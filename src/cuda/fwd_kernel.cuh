@@ -7,14 +7,15 @@
 //   they share one pair-bias tile, double-buffered, one barrier per key tile), or consecutive
 //   q-tiles of one row, or — with few items (pair_over_k) — equal parts of one item's key
 //   tiles, merged at the end. See LaunchPlan.
-//   for each key tile (64 keys, K/V and the raw bias tile double-buffered with cp.async; the
-//   bias read by ldmatrix, RawBiasTile):
+//   for each key tile (64 keys, K/V and the raw bias tile double-buffered with cp.async, or
+//   with TMA in the wide-warp kernel on sm_90, kTma; the bias read by ldmatrix, RawBiasTile):
 //     S  = Q K^T                      (per warp 16 or 32 x 64, fp32 accumulators)
 //     S2 = S * scale*log2(e) + (tile bias + key bias) * log2(e)     (log2 domain)
 //     m: a row's reference max, moved only when the tile's max passes it by more than
 //        kRescaleSlack (online_softmax_lazy; per 32-key span where kSoftmaxSpans = 2);
 //        P = 2^(S2 - m); O += P V, l += rowsum P
 //   O /= l; LSE = (m + log2 l) ln 2      (l = 0: fully masked row -> O = 0, LSE = -inf)
+//   (kTma: O through shared memory and one TMA store a warp)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -920,8 +921,8 @@ cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t str
   if constexpr (kTma) {
     if (cudaError_t err = encode_fwd_tma_maps(p, plan, &maps)) return err;
   }
-  // kTma: 1 KB to align the buffers to, and the mbarriers (fwd_kernel).
-  constexpr size_t kSmemBytes = T::kCtaSmemBytes + (kTma ? 1024 + 4 * T::kWarpGroups * sizeof(uint64_t) : 0);
+  static_assert(!kTma || T::kWarpGroups == 2, "TMA: the two warp groups");
+  constexpr size_t kSmemBytes = kTma ? fwd_tma_block_smem_bytes(T::kSmemBytes) : T::kCtaSmemBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
   auto kernel = fwd_kernel<Element, kHeadDim, kGroups, kFast, kTile, kKeyBias, kTma>;
   if (cudaError_t err = reserve_smem(kernel, kSmemBytes)) return err;

@@ -19,6 +19,9 @@ struct FwdTmaMaps {
 };
 // Rows of O one TMA store writes: a wide warp's.
 constexpr int kTmaStoreRows = 32;
+// Shared memory of the TMA kernel's block from its warp groups' (`group_bytes` each, two): 1 KB
+// more to align the buffers to 1024 bytes, and four mbarriers a group.
+constexpr size_t fwd_tma_block_smem_bytes(size_t group_bytes) { return 2 * group_bytes + 1024 + 2 * 4 * 8; }
 
 // Whether a call the wide-warp kernel takes (fwd_shared_tile, fast path) can copy by TMA: a GPU
 // of compute capability 9.0 or later, strides and addresses the tensor maps take (16-byte
