@@ -796,6 +796,19 @@ __global__ void __launch_bounds__(
     // tri256d64 forward 0.2062 -> 0.2009 ms, tri256 0.0779 -> 0.0774.
     const bool whole_tile = kFast && cur.i0 + kBlockM <= static_cast<Index>(p.Lq) && plan.pairs_o &&
                             p.D == 8 * kDTiles;
+    // 1 / row sum of row tile mt's rows g, g + 8 into inv, and their LSE out (rows below Lq).
+    auto row_tile_inv_and_lse = [&](int mt, float(&inv)[2]) {
+      for (int r = 0; r < 2; ++r) {
+        const float sum = sums[mt][r];
+        inv[r] = sum == 0.0f ? 0.0f : rcp_approx(sum);  // sum >= 1: the reference max counts 1
+        const Index i = cur.i0 + warp_row + 16 * mt + g + 8 * r;
+        if (t == 0 && p.lse != nullptr && i < p.Lq) {
+          p.lse[cur.b * static_cast<Index>(p.lse_stride_b) + cur.n * static_cast<Index>(p.lse_stride_n) +
+                cur.h * static_cast<Index>(p.lse_stride_h) + i * static_cast<Index>(p.lse_stride_q)] =
+              row_lse(row_max[mt][r], sum);
+        }
+      }
+    };
     if (kTma && cur.active) {
       // kTma: the warp's 32 rows of O into its rows of the group's free V stage (tile walk's:
       // its last reader was the last tile's turn, its next writer the TMA load issued after the
@@ -805,16 +818,7 @@ __global__ void __launch_bounds__(
       #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         float inv[2];
-        for (int r = 0; r < 2; ++r) {
-          const float sum = sums[mt][r];
-          inv[r] = sum == 0.0f ? 0.0f : rcp_approx(sum);  // sum >= 1: the reference max counts 1
-          const Index i = cur.i0 + warp_row + 16 * mt + g + 8 * r;
-          if (t == 0 && p.lse != nullptr && i < p.Lq) {
-            p.lse[cur.b * static_cast<Index>(p.lse_stride_b) + cur.n * static_cast<Index>(p.lse_stride_n) +
-                  cur.h * static_cast<Index>(p.lse_stride_h) + i * static_cast<Index>(p.lse_stride_q)] =
-                row_lse(row_max[mt][r], sum);
-          }
-        }
+        row_tile_inv_and_lse(mt, inv);
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
           // Matrices: rows + 0 / + 8 of column tiles 2 dp, 2 dp + 1; lane l addresses row l % 8
           // of matrix l / 8.
@@ -872,16 +876,7 @@ __global__ void __launch_bounds__(
       #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         float inv[2];
-        for (int r = 0; r < 2; ++r) {
-          const float sum = sums[mt][r];
-          inv[r] = sum == 0.0f ? 0.0f : rcp_approx(sum);  // sum >= 1: the reference max counts 1
-          const Index i = cur.i0 + warp_row + 16 * mt + g + 8 * r;
-          if (t == 0 && p.lse != nullptr && i < p.Lq) {
-            p.lse[cur.b * static_cast<Index>(p.lse_stride_b) + cur.n * static_cast<Index>(p.lse_stride_n) +
-                  cur.h * static_cast<Index>(p.lse_stride_h) + i * static_cast<Index>(p.lse_stride_q)] =
-                row_lse(row_max[mt][r], sum);
-          }
-        }
+        row_tile_inv_and_lse(mt, inv);
         store_acc_rows<Element, kDTiles>(acc_o[mt], o_base, p.o_stride.l, p.o_stride.d,
                                          cur.i0 + warp_row + 16 * mt, p.Lq, p.D, plan.pairs_o, lane,
                                          inv);
