@@ -26,10 +26,13 @@ bool image_has_griddepcontrol(int device, const void* kernel) {
 
 }  // namespace
 
+bool env_switch_on(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
 bool dependent_launch_enabled(const void* kernel) {
-  if (const char* off = std::getenv("EVOATTN_DISABLE_PDL"); off != nullptr && off[0] != '\0' && std::strcmp(off, "0") != 0) {
-    return false;
-  }
+  if (env_switch_on("EVOATTN_DISABLE_PDL")) return false;
   int device = 0, major = 0;
   return cudaGetDevice(&device) == cudaSuccess &&
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&

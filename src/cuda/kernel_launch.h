@@ -13,6 +13,10 @@
 
 namespace evoattn::cuda {
 
+// Whether the environment variable `name` (an A/B switch such as EVOATTN_DISABLE_PDL) is set to
+// anything but "" or "0". Read at every call.
+bool env_switch_on(const char* name);
+
 // Whether `kernel` is launched with PDL on the current device: compute capability 9.0 or later,
 // the kernel compiled from compute_90 or later PTX (compute_80 PTX JIT-compiled for a newer GPU
 // holds no griddepcontrol: its kernels would not wait), and the environment variable

@@ -1,7 +1,6 @@
 #include "cuda/tma_maps.h"
 
-#include <cstdlib>
-#include <cstring>
+#include "cuda/kernel_launch.h"
 
 namespace evoattn::cuda {
 namespace {
@@ -78,9 +77,7 @@ TensorShape tile_shape(const FwdParams& p, const LaunchPlan& plan) {
 }  // namespace
 
 bool fwd_tma_usable(const FwdParams& p, const LaunchPlan& plan) {
-  if (const char* off = std::getenv("EVOATTN_DISABLE_TMA"); off != nullptr && off[0] != '\0' && std::strcmp(off, "0") != 0) {
-    return false;
-  }
+  if (env_switch_on("EVOATTN_DISABLE_TMA")) return false;
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) != cudaSuccess) {
     (void)cudaGetLastError();
