@@ -1,203 +1,160 @@
 """PyTorch front end of evoattn.
 
     evoformer_attention(q, k, v, mask_bias=None, pair_bias=None, mask=None, scale=None,
-                        layout="BNLHD")
+                        layout="BNLHD", *, deterministic=True, allow_tf32=False, return_lse=False)
     DS4Sci_EvoformerAttention(Q, K, V, biases)       # drop-in for DeepSpeed's function
 
-Both go through two custom operators, ``torch.ops.evoattn.forward`` and
-``torch.ops.evoattn.backward`` (torch.library.custom_op, with fake/meta implementations and an
-autograd registration), so they work under torch.compile(fullgraph=True), pass
-torch.library.opcheck and can be captured in a CUDA graph: every buffer (outputs, LSE, the
-backward workspace) comes from PyTorch's allocator, every call runs on
-torch.cuda.current_stream(), and nothing synchronises. CPU tensors run on the CPU backend
-(with torch.get_num_threads() threads).
+Both run two operators, ``torch.ops.evoattn.forward`` and ``torch.ops.evoattn.backward``,
+implemented in C++ on LibTorch's stable ABI (``_torch_ops.so``: one build serves PyTorch 2.10
+and later), with fake kernels registered here for torch.compile, and an autograd.Function that
+joins them. Every buffer (outputs, LSE, the backward workspace) comes from PyTorch's allocator,
+every call runs on PyTorch's current CUDA stream, and nothing synchronises, so the calls work
+under torch.compile(fullgraph=True) and inside CUDA graphs. CPU tensors run on the CPU backend
+with torch.get_num_threads() threads.
 
-Tensors are passed to the C library as strided views: any strides, no copies. Inside the
-operators q, k, v are always [B, N, L, H, D] (the "BNHLD" layout is a transposed view of the
-same memory) and each bias is a 5-D view broadcastable to [B, N, H, Lq, Lk].
+The operators themselves are not differentiable (an autograd formula registered from Python would
+put Python on the path of every call): differentiate through evoformer_attention or
+DS4Sci_EvoformerAttention.
 """
 
-from typing import Optional, Sequence
+import os
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from . import _C
-from ._core import call
-
 __all__ = ["evoformer_attention", "DS4Sci_EvoformerAttention"]
 
-_DTYPE_CODES = {
-    torch.float16: _C.FLOAT16,
-    torch.bfloat16: _C.BFLOAT16,
-    torch.float32: _C.FLOAT32,
-    torch.bool: _C.BOOL,
-}
+
+def _load_operators() -> None:
+    if torch.__version__ < "2.10":
+        raise ImportError(f"evoattn.torch needs PyTorch 2.10 or later (its stable ABI); this is "
+                          f"PyTorch {torch.__version__}")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_ops.so")
+    if not os.path.exists(path):
+        raise ImportError("evoattn was built without its PyTorch operators (_torch_ops.so): torch "
+                          "was not importable at build time. Reinstall with `pip install .`, which "
+                          "builds them against torch's headers")
+    torch.ops.load_library(path)
+
+
+_load_operators()
+_forward_op = torch.ops.evoattn.forward.default
+_backward_op = torch.ops.evoattn.backward.default
+
+# The operators are non-differentiable building blocks: their Autograd kernels fall through (a
+# marker in the dispatcher, no Python on the call), so a direct call with inputs that require
+# grad returns outputs that do not, and autograd goes through _EvoformerAttention below.
+_autograd_fallthrough = torch.library.Library("evoattn", "IMPL")
+for _op in ("forward", "backward"):
+    _autograd_fallthrough.impl(_op, torch.library.fallthrough_kernel, "Autograd")
 _LAYOUTS = ("BNLHD", "BNHLD")
 
 
-def _view(t: Optional[Tensor], name: str):
-    """The C API's view of a tensor: (data_ptr, dtype, device, ordinal, sizes, strides)."""
-    if t is None:
-        return None
-    code = _DTYPE_CODES.get(t.dtype)
-    if code is None:
-        raise TypeError(
-            f"evoattn: argument '{name}': dtype {t.dtype} is not supported; expected "
-            "torch.float16, torch.bfloat16 or torch.float32 (torch.bool for 'mask')"
-        )
-    if t.is_cuda:
-        device, ordinal = _C.DEVICE_CUDA, t.get_device()
-    elif t.is_cpu:
-        device, ordinal = _C.DEVICE_CPU, 0
-    else:
-        raise ValueError(
-            f"evoattn: argument '{name}': tensors on '{t.device}' are not supported (cpu or cuda)"
-        )
-    return (t.data_ptr(), code, device, ordinal, t.shape, t.stride())
-
-
-def _stream_and_threads(device: torch.device):
-    """The caller's stream (CUDA) or thread count (CPU) for a call on `device`."""
-    if device.type == "cuda":
-        return torch.cuda.current_stream(device).cuda_stream, 0
-    return 0, torch.get_num_threads()
-
-
 # ---------------------------------------------------------------------------------------------
-# The operators. Outputs are allocated the same way by the real and the fake implementations.
+# Fake kernels: the outputs' metadata, exactly as python/src/torch_ops.cpp allocates them.
 # ---------------------------------------------------------------------------------------------
 
 
-def _forward_outputs(q: Tensor):
-    if q.dim() != 5:
-        raise ValueError(f"evoattn: argument 'q': expected [B, N, Lq, H, D], got shape {tuple(q.shape)}")
-    B, N, Lq, H, _ = q.shape
-    o = torch.empty_like(q)  # keeps q's dense stride order, so "BNHLD" outputs stay head-major
-    lse = torch.empty((B, N, H, Lq), dtype=torch.float32, device=q.device)
-    return o, lse
+def _dense_strides_like(t: Tensor) -> List[int]:
+    """Dense strides in the order of t's strides (outermost first, ties by dimension)."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    strides = [0] * t.dim()
+    step = 1
+    for d in reversed(order):
+        strides[d] = step
+        step = step * torch.sym_max(t.size(d), 1)
+    return strides
 
 
-def _backward_outputs(q, k, v, mask_bias, pair_bias, need_d_mask_bias, need_d_pair_bias):
-    def bias_grad(bias, needed):
-        if not needed:
-            return q.new_empty((0,))
-        return torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
-
-    return (
-        torch.empty_like(q),
-        torch.empty_like(k),
-        torch.empty_like(v),
-        bias_grad(mask_bias, need_d_mask_bias),
-        bias_grad(pair_bias, need_d_pair_bias),
-    )
+def _empty_like(t: Tensor) -> Tensor:
+    return t.new_empty_strided(t.shape, _dense_strides_like(t))
 
 
-@torch.library.custom_op("evoattn::forward", mutates_args=())
-def _forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask_bias: Optional[Tensor],
-    pair_bias: Optional[Tensor],
-    mask: Optional[Tensor],
-    scale: Optional[float],
-    deterministic: bool,
-    allow_tf32: bool,
-) -> tuple[Tensor, Tensor]:
-    """O [B, N, Lq, H, D] (dtype and stride order of q) and LSE [B, N, H, Lq] (float32)."""
-    views = [_view(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (mask_bias, "mask_bias"),
-                                      (pair_bias, "pair_bias"), (mask, "mask"))]
-    o, lse = _forward_outputs(q)
-    if lse.numel() == 0:  # B, N, H or Lq is 0: nothing to compute
-        return o, lse
-    stream, threads = _stream_and_threads(q.device)
-    call(_C.forward, *views, _view(o, "o"), _view(lse, "lse"), scale, deterministic, allow_tf32,
-               threads, stream)
-    return o, lse
-
-
-@_forward.register_fake
+@torch.library.register_fake("evoattn::forward")
 def _forward_fake(q, k, v, mask_bias, pair_bias, mask, scale, deterministic, allow_tf32):
-    return _forward_outputs(q)
+    B, N, Lq, H, _ = q.shape
+    return _empty_like(q), q.new_empty((B, N, H, Lq), dtype=torch.float32)
 
 
-@torch.library.custom_op("evoattn::backward", mutates_args=())
-def _backward(
-    d_o: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    mask_bias: Optional[Tensor],
-    pair_bias: Optional[Tensor],
-    mask: Optional[Tensor],
-    scale: Optional[float],
-    deterministic: bool,
-    allow_tf32: bool,
-    need_d_mask_bias: bool,
-    need_d_pair_bias: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """dQ, dK, dV and the two bias gradients (each an empty tensor when not asked for).
-
-    A bias gradient has the bias's shape and dtype; its broadcast dimensions are summed.
-    """
-    dq, dk, dv, dmb, dpb = _backward_outputs(q, k, v, mask_bias, pair_bias, need_d_mask_bias,
-                                             need_d_pair_bias)
-    if lse.numel() == 0:  # no query rows: every gradient is zero
-        for g in (dq, dk, dv, dmb, dpb):
-            g.zero_()
-        return dq, dk, dv, dmb, dpb
-    dmb_view = _view(dmb, "d_mask_bias") if need_d_mask_bias else None
-    dpb_view = _view(dpb, "d_pair_bias") if need_d_pair_bias else None
-    inputs = [_view(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"))]
-    biases = [_view(t, n) for t, n in ((mask_bias, "mask_bias"), (pair_bias, "pair_bias"),
-                                       (mask, "mask"))]
-    nbytes = call(_C.backward_workspace_size, *inputs, *biases, dmb_view, dpb_view, scale,
-                                        deterministic, allow_tf32)
-    # From the caching allocator, on the current stream: ordered after this call's kernels.
-    workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
-    stream, threads = _stream_and_threads(q.device)
-    call(_C.backward, _view(d_o, "d_o"), *inputs, _view(o, "o"), _view(lse, "lse"), *biases,
-                _view(dq, "dq"), _view(dk, "dk"), _view(dv, "dv"), dmb_view, dpb_view,
-                workspace.data_ptr(), nbytes, scale, deterministic, allow_tf32, threads, stream)
-    return dq, dk, dv, dmb, dpb
-
-
-@_backward.register_fake
+@torch.library.register_fake("evoattn::backward")
 def _backward_fake(d_o, q, k, v, o, lse, mask_bias, pair_bias, mask, scale, deterministic,
                    allow_tf32, need_d_mask_bias, need_d_pair_bias):
-    return _backward_outputs(q, k, v, mask_bias, pair_bias, need_d_mask_bias, need_d_pair_bias)
+    def bias_grad(bias, needed):
+        return bias.new_empty(bias.shape) if needed else q.new_empty((0,))
+
+    return (_empty_like(q), _empty_like(k), _empty_like(v), bias_grad(mask_bias, need_d_mask_bias),
+            bias_grad(pair_bias, need_d_pair_bias))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, mask_bias, pair_bias, mask, scale, deterministic, allow_tf32 = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, mask_bias, pair_bias, mask)
-    ctx.scale = scale
-    ctx.deterministic = deterministic
-    ctx.allow_tf32 = allow_tf32
-    ctx.mark_non_differentiable(lse)
-    # No zero-filled gradient for the LSE output (it is never used): one kernel launch and
-    # allocation less per backward.
-    ctx.set_materialize_grads(False)
+# ---------------------------------------------------------------------------------------------
+# Errors: the operators raise RuntimeError("[kind] evoattn_forward: argument 'x': ..."); the
+# user sees the call they made and an exception by kind.
+# ---------------------------------------------------------------------------------------------
+
+_VALUE_KINDS = ("invalid argument", "unsupported", "workspace too small")
 
 
-def _autograd_backward(ctx, d_o, d_lse):
-    q, k, v, o, lse, mask_bias, pair_bias, mask = ctx.saved_tensors
-    if d_o is None:  # o took no part in the loss (possible without materialised gradients)
-        d_o = torch.zeros_like(o)
-    need_d_mask_bias = mask_bias is not None and ctx.needs_input_grad[3]
-    need_d_pair_bias = pair_bias is not None and ctx.needs_input_grad[4]
-    dq, dk, dv, dmb, dpb = torch.ops.evoattn.backward(
-        d_o, q, k, v, o, lse, mask_bias, pair_bias, mask, ctx.scale, ctx.deterministic,
-        ctx.allow_tf32, need_d_mask_bias, need_d_pair_bias)
-    return (dq, dk, dv, dmb if need_d_mask_bias else None, dpb if need_d_pair_bias else None,
-            None, None, None, None)
+def _user_error(error: RuntimeError, call: str) -> Exception:
+    text = str(error)
+    if not text.startswith("[") or "] " not in text:
+        return error  # not one of ours (an allocator's out-of-memory, say): unchanged
+    kind, message = text[1:].split("] ", 1)
+    if message.startswith("evoattn_"):
+        message = message.split(": ", 1)[-1]
+    message = f"{call}: {message}"
+    if kind == "dtype" or "expected dtype" in message:
+        return TypeError(message)
+    if kind in _VALUE_KINDS:
+        return ValueError(message)
+    return RuntimeError(message)
 
 
-_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+# ---------------------------------------------------------------------------------------------
+# Autograd
+# ---------------------------------------------------------------------------------------------
+
+
+class _EvoformerAttention(torch.autograd.Function):
+    """O and LSE from the forward operator; dQ, dK, dV and the asked-for bias gradients from
+    the backward operator (the boolean mask, scale and options get none)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask_bias, pair_bias, mask, scale, deterministic, allow_tf32):
+        o, lse = _forward_op(q, k, v, mask_bias, pair_bias, mask, scale, deterministic, allow_tf32)
+        ctx.save_for_backward(q, k, v, o, lse, mask_bias, pair_bias, mask)
+        ctx.scale, ctx.deterministic, ctx.allow_tf32 = scale, deterministic, allow_tf32
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for the unused LSE
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, d_o, d_lse):
+        if d_o is None:  # O took no part in the loss: every gradient is zero
+            return (None,) * 9
+        q, k, v, o, lse, mask_bias, pair_bias, mask = ctx.saved_tensors
+        need_mb, need_pb = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
+        try:
+            dq, dk, dv, dmb, dpb = _backward_op(d_o, q, k, v, o, lse, mask_bias, pair_bias, mask,
+                                                ctx.scale, ctx.deterministic, ctx.allow_tf32,
+                                                need_mb, need_pb)
+        except RuntimeError as e:
+            raise _user_error(e, "evoattn.torch.evoformer_attention (backward)") from None
+        return (dq, dk, dv, dmb if need_mb else None, dpb if need_pb else None, None, None, None,
+                None)
+
+
+def _attention(call: str, q, k, v, mask_bias, pair_bias, mask, scale, deterministic, allow_tf32):
+    if scale is not None:
+        scale = float(scale)
+    args = (q, k, v, mask_bias, pair_bias, mask, scale, bool(deterministic), bool(allow_tf32))
+    try:
+        if torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (q, k, v, mask_bias, pair_bias)):
+            return _EvoformerAttention.apply(*args)
+        return _forward_op(*args)
+    except RuntimeError as e:
+        raise _user_error(e, call) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,17 +162,25 @@ _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------------------------------------
 
 
-def _bias_5d(bias: Optional[Tensor], name: str) -> Optional[Tensor]:
-    """A bias as a 5-D view over [B, N, H, Lq, Lk]: missing leading dims become size 1."""
+def _check_tensor(t, name: str, call: str, ndim: Optional[int] = None) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{call}: argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{call}: argument '{name}': expected {ndim} dimensions, got shape "
+                         f"{tuple(t.shape)}")
+
+
+def _bias_5d(bias: Optional[Tensor], name: str, call: str) -> Optional[Tensor]:
+    """A bias as a view over [B, N, H, Lq, Lk]: missing leading dims become size 1."""
     if bias is None:
         return None
-    if not isinstance(bias, Tensor):
-        raise TypeError(f"evoattn: argument '{name}': expected a torch.Tensor or None")
+    _check_tensor(bias, name, call)
     if bias.dim() > 5:
-        raise ValueError(
-            f"evoattn: argument '{name}': expected at most 5 dims broadcastable to "
-            f"[B, N, H, Lq, Lk], got shape {tuple(bias.shape)}")
-    return bias.reshape((1,) * (5 - bias.dim()) + tuple(bias.shape))
+        raise ValueError(f"{call}: argument '{name}': expected at most 5 dimensions broadcastable "
+                         f"to [B, N, H, Lq, Lk], got shape {tuple(bias.shape)}")
+    if bias.dim() < 5:
+        bias = bias.reshape((1,) * (5 - bias.dim()) + tuple(bias.shape))
+    return bias
 
 
 def evoformer_attention(
@@ -231,80 +196,134 @@ def evoformer_attention(
     deterministic: bool = True,
     allow_tf32: bool = False,
     return_lse: bool = False,
-):
-    """softmax(scale · q kᵀ + mask_bias + pair_bias, masked by `mask`) v, fused.
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Fused Evoformer attention: ``softmax(scale · q kᵀ + mask_bias + pair_bias) v``.
 
-    q: [B, N, Lq, H, D] for layout "BNLHD" (DeepSpeed's) or [B, N, H, Lq, D] for "BNHLD"
-    (cuEquivariance's); k, v likewise with Lk keys. float16, bfloat16 or float32; any strides
-    (no copies are made).
-    mask_bias, pair_bias: optional additive biases, each broadcastable to [B, N, H, Lq, Lk]
-    whatever the layout (fewer than 5 dims are padded on the left, as in broadcasting). The
-    Evoformer forms are mask_bias [B, N, 1, 1, Lk] and pair_bias [B, 1, H, Lq, Lk]. dtype of q
-    or float32. Gradients flow to each bias that requires grad, in its dtype and shape.
-    mask: optional torch.bool, [B, N, Lk] or 5-D broadcastable; False = key masked out (a bias
-    of -inf, no tensor is built from it). No gradient.
-    scale: multiplies q·k; default 1/sqrt(D).
-    deterministic / allow_tf32: the C library's options (bitwise reproducible by default;
-    float32 computes in IEEE float32 unless allow_tf32).
+    For every batch b, row n, head h and query i, over the keys j::
 
-    Returns O in q's layout (and the float32 LSE [B, N, H, Lq] when return_lse=True).
-    Bad input raises TypeError (dtype), ValueError (shapes, strides, layout) or RuntimeError
-    (no backend for the device), with the C library's message.
+        s[j] = scale · q[b,n,i,h,:]·k[b,n,j,h,:] + mask_bias[b,n,h,i,j] + pair_bias[b,n,h,i,j]
+        o[b,n,i,h,:] = Σ_j softmax_j(s)[j] · v[b,n,j,h,:]
+
+    No Lq × Lk matrix is ever stored. Differentiable in q, k, v and both biases (autograd,
+    torch.compile, CUDA graphs); the gradients are bitwise reproducible by default.
+
+    Args:
+        q: queries, ``[B, N, Lq, H, D]`` for layout "BNLHD" (DeepSpeed's) or ``[B, N, H, Lq, D]``
+            for "BNHLD" (head-major). float16, bfloat16 or float32, on the CPU or a CUDA GPU,
+            any strides (no copy is made). D from 1 to 128.
+        k: keys, ``[B, N, Lk, H, D]`` (or ``[B, N, H, Lk, D]``), q's dtype and device.
+        v: values, shaped like k.
+        mask_bias: optional additive bias broadcastable to ``[B, N, H, Lq, Lk]`` whatever the
+            layout (fewer than 5 dims are padded on the left); the Evoformer form is
+            ``[B, N, 1, 1, Lk]``. q's dtype or float32.
+        pair_bias: optional additive bias, broadcastable the same way; the Evoformer form is
+            ``[B, 1, H, Lq, Lk]``. q's dtype or float32.
+        mask: optional ``torch.bool`` tensor, ``[B, N, Lk]`` or 5-D broadcastable; False masks
+            the key out (a bias of -inf, with no tensor built from it). Not differentiable.
+        scale: multiplies q·k; default ``1/sqrt(D)``. Any finite value.
+        layout: "BNLHD" or "BNHLD", the order of q, k, v and the output.
+        deterministic: bitwise-identical gradients on every run (the default; the library has
+            no faster nondeterministic path today).
+        allow_tf32: float32 inputs may use TF32 tensor cores (forward, CUDA); IEEE float32
+            otherwise.
+        return_lse: also return the float32 log-sum-exp of the scores, ``[B, N, H, Lq]``.
+
+    Returns:
+        O in q's layout, dtype and device (and the LSE when return_lse). A row whose keys are
+        all masked has O = 0 and LSE = -inf. Empty dimensions are allowed: with Lk = 0 every
+        row has no keys (O = 0, LSE = -inf); all gradients of an empty problem are 0.
+
+    Raises:
+        TypeError: an argument is not a tensor, or has an unsupported or mismatched dtype.
+        ValueError: shapes, strides, broadcasts, head dim, layout or scale are invalid; the
+            message names the argument and what was expected.
+        RuntimeError: no backend for the tensors' device, or a CUDA error.
+
+    Example:
+        >>> import torch, evoattn.torch as et
+        >>> B, N, L, H, D = 1, 8, 64, 4, 32
+        >>> q, k, v = (torch.randn(B, N, L, H, D, requires_grad=True) for _ in range(3))
+        >>> mask_bias = torch.zeros(B, N, 1, 1, L)
+        >>> pair_bias = torch.randn(B, 1, H, L, L, requires_grad=True)
+        >>> o = et.evoformer_attention(q, k, v, mask_bias, pair_bias)
+        >>> o.sum().backward()
+        >>> tuple(o.shape), tuple(pair_bias.grad.shape)
+        ((1, 8, 64, 4, 32), (1, 1, 4, 64, 64))
     """
-    if layout not in _LAYOUTS:
-        raise ValueError(f"evoattn: argument 'layout': expected one of {_LAYOUTS}, got {layout!r}")
+    call = "evoattn.torch.evoformer_attention"
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"evoattn: argument '{name}': expected a torch.Tensor")
-        if t.dim() != 5:
-            raise ValueError(
-                f"evoattn: argument '{name}': expected 5 dims ([B, N, L, H, D] or [B, N, H, L, D] "
-                f"by layout), got shape {tuple(t.shape)}")
-    if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool):
-        raise TypeError("evoattn: argument 'mask': expected a torch.bool tensor "
-                        "(use mask_bias for an additive float mask)")
-    if scale is not None:
-        scale = float(scale)
+        _check_tensor(t, name, call, 5)
     if layout == "BNHLD":
-        q, k, v = (t.transpose(2, 3) for t in (q, k, v))
-    o, lse = torch.ops.evoattn.forward(q, k, v, _bias_5d(mask_bias, "mask_bias"),
-                                       _bias_5d(pair_bias, "pair_bias"), mask, scale,
-                                       bool(deterministic), bool(allow_tf32))
+        q, k, v = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
+    elif layout != "BNLHD":
+        raise ValueError(f"{call}: argument 'layout': expected one of {_LAYOUTS}, got {layout!r}")
+    if mask is not None:
+        _check_tensor(mask, "mask", call)
+        if mask.dtype != torch.bool:
+            raise TypeError(f"{call}: argument 'mask': expected a torch.bool tensor, got "
+                            f"{mask.dtype} (use mask_bias for an additive float mask)")
+    o, lse = _attention(call, q, k, v, _bias_5d(mask_bias, "mask_bias", call),
+                        _bias_5d(pair_bias, "pair_bias", call), mask, scale, deterministic,
+                        allow_tf32)
     if layout == "BNHLD":
         o = o.transpose(2, 3)
     return (o, lse) if return_lse else o
 
 
-def DS4Sci_EvoformerAttention(Q: Tensor, K: Tensor, V: Tensor, biases: Sequence[Optional[Tensor]]):
-    """Drop-in replacement for deepspeed.ops.deepspeed4science.DS4Sci_EvoformerAttention.
+def DS4Sci_EvoformerAttention(Q: Tensor, K: Tensor, V: Tensor,
+                              biases: Sequence[Optional[Tensor]]) -> Tensor:
+    """Drop-in replacement for ``deepspeed.ops.deepspeed4science.DS4Sci_EvoformerAttention``.
 
-    Q, K, V: [*, L, H, D]; DeepSpeed's layout is [B, N, L, H, D]. Other leading dims are folded
-    into the batch (as DeepSpeed's kernel does), but biases need the 5-D form.
-    biases: a list of at most two tensors (or None): biases[0] = mask bias [B, N, 1, 1, L],
-    biases[1] = pair bias [B, 1, H, L, L], with exactly those shapes (DeepSpeed asserts them).
-    Gradients flow to Q, K, V and to each bias that requires grad, in the bias's dtype.
+    Args:
+        Q: queries ``[*, L, H, D]``; DeepSpeed's layout is ``[B, N, L, H, D]``. Other leading
+            dims are folded into the batch, as DeepSpeed's kernel does, but biases need 5-D Q.
+        K: keys, shaped like Q.
+        V: values, shaped like Q.
+        biases: at most two tensors (or None): ``biases[0]`` the mask bias ``[B, N, 1, 1, L]``,
+            ``biases[1]`` the pair bias ``[B, 1, H, L, L]``, with exactly those shapes
+            (DeepSpeed asserts them).
 
-    Unlike DeepSpeed's, this neither appends to the caller's `biases` list nor makes contiguous
-    copies, runs on CPU tensors too, and has no L > 16 or D <= 64 limit.
+    Returns:
+        O, shaped like Q. Gradients flow to Q, K, V and to each bias that requires grad, in the
+        bias's dtype.
+
+    Raises:
+        ValueError: more than two biases, a bias of another shape, or biases with Q not 5-D;
+            and whatever :func:`evoformer_attention` raises.
+        TypeError: as :func:`evoformer_attention`.
+
+    Unlike DeepSpeed's, this neither appends to the caller's ``biases`` list nor makes
+    contiguous copies, runs on CPU tensors too, and has no L > 16 or D <= 64 limit.
+
+    Example:
+        >>> import torch, evoattn.torch as et
+        >>> Q = K = V = torch.randn(1, 4, 32, 2, 16)
+        >>> mask_bias, pair_bias = torch.zeros(1, 4, 1, 1, 32), torch.zeros(1, 1, 2, 32, 32)
+        >>> et.DS4Sci_EvoformerAttention(Q, K, V, [mask_bias, pair_bias]).shape
+        torch.Size([1, 4, 32, 2, 16])
     """
+    call = "evoattn.torch.DS4Sci_EvoformerAttention"
     biases = list(biases)
     if len(biases) > 2:
-        raise ValueError(f"evoattn: DS4Sci_EvoformerAttention takes at most 2 biases, got {len(biases)}")
+        raise ValueError(f"{call}: takes at most 2 biases, got {len(biases)}")
     biases += [None] * (2 - len(biases))
     for t, name in ((Q, "Q"), (K, "K"), (V, "V")):
-        if not isinstance(t, Tensor) or t.dim() < 3:
-            raise ValueError(f"evoattn: argument '{name}': expected a tensor [*, L, H, D]")
+        _check_tensor(t, name, call)
+        if t.dim() < 3:
+            raise ValueError(f"{call}: argument '{name}': expected [*, L, H, D], got shape "
+                             f"{tuple(t.shape)}")
     if Q.dim() == 5:
         B, N, L, H, _ = Q.shape
         expected = ((B, N, 1, 1, L), (B, 1, H, L, L))
         for i, (bias, shape) in enumerate(zip(biases, expected)):
             if bias is not None and tuple(bias.shape) != shape:
-                raise ValueError(f"evoattn: bias{i + 1} shape is incorrect: expected {shape}, "
-                                 f"got {tuple(bias.shape)}")
-        return evoformer_attention(Q, K, V, mask_bias=biases[0], pair_bias=biases[1])
+                raise ValueError(f"{call}: bias{i + 1} shape is incorrect: expected {shape}, got "
+                                 f"{tuple(bias.shape)}")
+        return _attention(call, Q, K, V, biases[0], biases[1], None, None, True, False)[0]
     if any(b is not None for b in biases):
-        raise ValueError("evoattn: DS4Sci_EvoformerAttention with biases needs 5-D Q, K, V "
-                         f"[B, N, L, H, D], got Q of shape {tuple(Q.shape)}")
+        raise ValueError(f"{call}: biases need 5-D Q, K, V [B, N, L, H, D], got Q of shape "
+                         f"{tuple(Q.shape)}")
     lead = Q.shape[:-3]
     q, k, v = (t.reshape((1, -1) + tuple(t.shape[-3:])) for t in (Q, K, V))
-    return evoformer_attention(q, k, v).reshape(tuple(lead) + tuple(Q.shape[-3:]))
+    o = _attention(call, q, k, v, None, None, None, None, True, False)[0]
+    return o.reshape(tuple(lead) + tuple(Q.shape[-3:]))

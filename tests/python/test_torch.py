@@ -230,7 +230,7 @@ def test_errors_are_python_exceptions_with_the_c_message():
         et.evoformer_attention(q, q, q, layout="BLNHD")
     with pytest.raises(TypeError, match="mask"):
         et.evoformer_attention(q, q, q, mask=torch.ones(1, 2, 17))
-    with pytest.raises(ValueError, match="5 dims"):
+    with pytest.raises(ValueError, match="5 dimensions"):
         et.evoformer_attention(q[0], q[0], q[0])
 
 
