@@ -23,6 +23,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from . import _core
+
 __all__ = ["evoformer_attention", "DS4Sci_EvoformerAttention"]
 
 
@@ -92,22 +94,13 @@ def _backward_fake(d_o, q, k, v, o, lse, mask_bias, pair_bias, mask, scale, dete
 # user sees the call they made and an exception by kind.
 # ---------------------------------------------------------------------------------------------
 
-_VALUE_KINDS = ("invalid argument", "unsupported", "workspace too small")
 
-
-def _user_error(error: RuntimeError, call: str) -> Exception:
-    text = str(error)
+def _user_error(e: RuntimeError, call: str) -> Exception:
+    text = str(e)
     if not text.startswith("[") or "] " not in text:
-        return error  # not one of ours (an allocator's out-of-memory, say): unchanged
+        return e  # not one of ours (an allocator's out-of-memory, say): unchanged
     kind, message = text[1:].split("] ", 1)
-    if message.startswith("evoattn_"):
-        message = message.split(": ", 1)[-1]
-    message = f"{call}: {message}"
-    if kind == "dtype" or "expected dtype" in message:
-        return TypeError(message)
-    if kind in _VALUE_KINDS:
-        return ValueError(message)
-    return RuntimeError(message)
+    return _core.error(call, kind, message)
 
 
 # ---------------------------------------------------------------------------------------------

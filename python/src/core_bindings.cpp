@@ -174,6 +174,8 @@ void bind_core(nb::module_& m) {
   m.attr("ERROR_UNSUPPORTED") = static_cast<int>(EVOATTN_ERROR_UNSUPPORTED);
   m.attr("ERROR_WORKSPACE_TOO_SMALL") = static_cast<int>(EVOATTN_ERROR_WORKSPACE_TOO_SMALL);
 
+  m.def("status_string", [](int status) { return std::string(evoattn_status_string(static_cast<evoattn_status_t>(status))); },
+        "evoattn_status_string: the name of a status code.");
   m.def("version", [] { return evoattn_version(); });
   m.def("version_string", [] { return std::string(evoattn_version_string()); });
   m.def("cuda_available", [] { return evoattn_cuda_available() != 0; },

@@ -69,12 +69,14 @@ struct Device {
   void* stream;
 };
 
-ffi::Error bad(const std::string& what) {
-  return ffi::Error::InvalidArgument(std::string("evoattn (XLA FFI): ") + what);
-}
+// Messages name the user's call, as evoattn/_core.py's do at trace time.
+constexpr const char* kCall = "evoattn.jax.evoformer_attention: ";
+
+ffi::Error bad(const std::string& what) { return ffi::Error::InvalidArgument(kCall + what); }
 
 ffi::Error status_error(evoattn_status_t status) {
-  const std::string message = evoattn_last_error();
+  std::string message = evoattn_last_error();  // "evoattn_forward: argument ..."
+  message = kCall + message.substr(message.find(": ") == std::string::npos ? 0 : message.find(": ") + 2);
   switch (status) {
     case EVOATTN_ERROR_INVALID_ARGUMENT:
     case EVOATTN_ERROR_WORKSPACE_TOO_SMALL: return ffi::Error::InvalidArgument(message);
@@ -370,7 +372,7 @@ ffi::Error backward_impl(const Device& dev, ffi::RemainingArgs args, ffi::Remain
       if (st != EVOATTN_SUCCESS) return status_error(st);
       if (workspace_bytes > workspace_capacity) {
         return ffi::Error(ffi::ErrorCode::kInternal,
-                          "evoattn (XLA FFI): workspace result of " +
+                          std::string(kCall) + "workspace result of " +
                               std::to_string(workspace_capacity) + " bytes, " +
                               std::to_string(workspace_bytes) + " needed");
       }

@@ -169,8 +169,9 @@ evoattn_status_t check_bias(const Checker& c, const char* arg, const evoattn_ten
   EVOATTN_RETURN_IF_ERROR(c.same_device(arg, t, q));
   if (t->dtype != q->dtype && t->dtype != EVOATTN_FLOAT32) {
     return c.fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg,
-                  std::string("expected dtype ") + dtype_name(q->dtype) +
-                      " (that of q) or float32, got " + dtype_name(t->dtype));
+                  std::string("expected dtype ") + dtype_name(q->dtype) + " (that of q)" +
+                      (q->dtype == EVOATTN_FLOAT32 ? "" : " or float32") + ", got " +
+                      dtype_name(t->dtype));
   }
   return check_bias_shape(c, arg, t, full);
 }
