@@ -152,11 +152,51 @@ def bench_torch(args):
     def c_api_forward():
         _C.forward(*fwd_views, o_view, lse_view, None, True, False, 0, stream)
 
-    steps = {"fwd+bwd (autograd)": fwd_bwd, "fwd (autograd graph built)": fwd_autograd,
-             "fwd (no_grad)": fwd_no_grad, "op forward": op_forward, "op backward": op_backward,
-             "DS4Sci fwd+bwd": ds4sci_fwd_bwd, "C API forward (via _C)": c_api_forward}
+    grads = [torch.empty_like(t) for t in (qd, kd, vd, mbd, pbd)]
+    bwd_views = ([view(d_o, bf16)] + fwd_views[:3] + [view(o, bf16), view(lse, _C.FLOAT32)] +
+                 fwd_views[3:] + [view(g, bf16) for g in grads])
+    ws_bytes = _C.backward_workspace_size(*fwd_views, *bwd_views[-2:], None, True, False)[2]
+    workspace = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+
+    def c_api_backward():
+        _C.backward(*bwd_views, workspace.data_ptr(), ws_bytes, None, True, False, 0, stream)
+
+    # Eight calls on their own inputs, one backward: the engine's fixed cost per backward (a
+    # hand-off to its CUDA thread and back) shared as in a model with many attention layers.
+    layers = [torch_inputs(torch, SUITE["tri256"], True) for _ in range(8)]
+
+    def fwd_bwd_in_8():
+        outs = [et.evoformer_attention(*xs) for xs in layers]
+        torch.autograd.grad(outs, [t for xs in layers for t in xs], [d_o] * len(outs))
+
+    # PyTorch's own costs on this machine, for scale: a bare ATen operator, a one-kernel op
+    # forward + backward through C++ autograd, and SDPA (its fused attention) forward + backward.
+    a, b = (torch.randn(64, device="cuda", requires_grad=True) for _ in range(2))
+    g = torch.randn(64, device="cuda")
+    ad, bd = a.detach(), b.detach()
+    sq, sk, sv = (t.detach().flatten(0, 1).transpose(1, 2).requires_grad_() for t in (q, k, v))
+    sdo = d_o.flatten(0, 1).transpose(1, 2)
+
+    def aten_mul():
+        torch.ops.aten.mul.Tensor(ad, bd)
+
+    def mul_fwd_bwd():
+        torch.autograd.grad(torch.mul(a, b), (a, b), g)
+
+    def sdpa_fwd_bwd():
+        out = torch.nn.functional.scaled_dot_product_attention(sq, sk, sv)
+        torch.autograd.grad(out, (sq, sk, sv), sdo)
+
+    steps = {"fwd+bwd (autograd)": fwd_bwd, "fwd+bwd per call, 8 in one backward": fwd_bwd_in_8,
+             "fwd (autograd graph built)": fwd_autograd, "fwd (no_grad)": fwd_no_grad,
+             "op forward": op_forward, "op backward": op_backward,
+             "DS4Sci fwd+bwd": ds4sci_fwd_bwd, "C API forward (via _C)": c_api_forward,
+             "C API backward (via _C)": c_api_backward,
+             "ref: torch.ops.aten.mul.Tensor": aten_mul, "ref: torch.mul fwd+bwd": mul_fwd_bwd,
+             "ref: SDPA fwd+bwd (no bias)": sdpa_fwd_bwd}
     for name, step in steps.items():
-        result["host_us"][name] = torch_host_us(torch, step)
+        per_call = 8 if "8 in one" in name else 1
+        result["host_us"][name] = torch_host_us(torch, step, iters=40 // per_call) / per_call
         print(f"host  {name:28s} {result['host_us'][name]:8.1f} us", flush=True)
 
     for name in args.shapes:
@@ -216,13 +256,17 @@ def bench_jax(args):
         o, vjp = jax.vjp(ej.evoformer_attention, q, k, v, mb, pb)
         return vjp(d_o)
 
-    def host_us(fn, *xs, iters=200, rounds=7):
+    def host_us(fn, *xs, iters=200, rounds=7, wait=False):
+        """Median microseconds per call over rounds of back-to-back calls: the host's dispatch
+        alone, or with wait=True until the last call's results are ready (the wall time)."""
         jax.block_until_ready(fn(*xs))
         per_call = []
         for _ in range(rounds):
             t0 = time.perf_counter()
             for _ in range(iters):
                 out = fn(*xs)
+            if wait:
+                jax.block_until_ready(out)
             per_call.append((time.perf_counter() - t0) / iters * 1e6)
             jax.block_until_ready(out)
         return statistics.median(per_call)
@@ -234,12 +278,14 @@ def bench_jax(args):
     d_o = jnp.ones_like(q)
     result["host_us"]["jit fwd dispatch (tiny)"] = host_us(fwd, q, k, v, mb, pb)
     result["host_us"]["jit fwd+bwd dispatch (tiny)"] = host_us(fwd_bwd, q, k, v, mb, pb, d_o)
+    # JAX's own dispatch of a jitted one-kernel function on this machine, for scale.
+    result["host_us"]["ref: jit x * 2 dispatch"] = host_us(jax.jit(lambda x: x * 2), q)
     for name, us in result["host_us"].items():
         print(f"host  {name:28s} {us:8.1f} us", flush=True)
     for name in args.shapes:
         q, k, v, mb, pb = inputs(SUITE[name])
         d_o = jnp.ones_like(q)
-        wall = host_us(fwd_bwd, q, k, v, mb, pb, d_o, iters=20, rounds=5) / 1e3
+        wall = host_us(fwd_bwd, q, k, v, mb, pb, d_o, iters=20, rounds=5, wait=True) / 1e3
         result["suite"][name] = {"jit_fwd_bwd_wall_ms": wall}
         print(f"suite {name:10s} jit f+b {wall:8.4f} ms per call (wall, back to back)", flush=True)
     return result

@@ -3,10 +3,10 @@
 
     python bench/peers.py OUT_DIR [--peers evoattn,naive,sdpa,flex,deepspeed] [--shapes tri256,...]
 
-For every SPEC.md suite shape and every peer, in the same run on the same GPU:
+For every docs/CONTRACT.md suite shape and every peer, in the same run on the same GPU:
 forward alone (no_grad) and forward + backward (gradients for q, k, v and the pair bias) timed
 with triton.testing.do_bench (median, L2 flushed before every run), TFLOP/s (forward 4·E·D,
-backward 10·E·D, E = B·N·H·Lq·Lk), the ratio of the time to SPEC.md's floor, the peak extra
+backward 10·E·D, E = B·N·H·Lq·Lk), the ratio of the time to docs/CONTRACT.md's floor, the peak extra
 device memory of one call, and the forward's relative error against a float32 computation on
 the same inputs where that fits. A peer that fails on a shape (OOM, unsupported head dim,
 missing package, compile error) is recorded as "fails" with the reason. Writes OUT_DIR/peers.csv
@@ -15,8 +15,8 @@ and plots OUT_DIR/{time_fwd,time_fb,memory}.png.
 Peers: evoattn; naive PyTorch (matmul, softmax, matmul: what OpenFold does without kernels);
 SDPA with the summed bias materialised as [B·N, H, L, L]; FlexAttention (torch.compile) with
 both biases in a score_mod; DeepSpeed's DS4Sci_EvoformerAttention when importable.
-Floor (SPEC.md): max(FLOPs at the dense bf16 rate, exponentials (E forward, 2E f+b) at 16 per
-clock per SM, the fewest bytes at the copy bandwidth), with ANCHORS.md's H100 ceilings by default
+Floor (docs/CONTRACT.md): max(FLOPs at the dense bf16 rate, exponentials (E forward, 2E f+b) at 16 per
+clock per SM, the fewest bytes at the copy bandwidth), with docs/CONTRACT.md's H100 ceilings by default
 (729 TFLOP/s, 3.02 TB/s, 1980 MHz) and the SM count read from the device.
 """
 
@@ -30,7 +30,7 @@ import traceback
 
 import torch
 
-# name: (B, N, L, H, D, mask_bias, pair_bias), from SPEC.md's benchmark suite
+# name: (B, N, L, H, D, mask_bias, pair_bias), from docs/CONTRACT.md's benchmark suite
 SUITE = {
     "tri256": (1, 256, 256, 4, 32, True, True),
     "tri768": (1, 768, 768, 4, 32, True, True),
@@ -324,9 +324,9 @@ def main(argv=None):
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--runs", type=int, default=100, help="timed runs for evoattn (median)")
     p.add_argument("--peer-runs", type=int, default=30, help="timed runs for the other peers")
-    p.add_argument("--tflops", type=float, default=729.0, help="dense bf16 rate (ANCHORS.md)")
-    p.add_argument("--tbps", type=float, default=3.02, help="copy bandwidth, TB/s (ANCHORS.md)")
-    p.add_argument("--clock-mhz", type=float, default=1980.0, help="SM clock (ANCHORS.md)")
+    p.add_argument("--tflops", type=float, default=729.0, help="dense bf16 rate (docs/CONTRACT.md)")
+    p.add_argument("--tbps", type=float, default=3.02, help="copy bandwidth, TB/s (docs/CONTRACT.md)")
+    p.add_argument("--clock-mhz", type=float, default=1980.0, help="SM clock (docs/CONTRACT.md)")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = p.parse_args(argv)
     args.dtype = getattr(torch, args.dtype)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Same-machine A/B of two versions on a GPU machine: builds the CLI of another source tree
 # (A, e.g. `git archive <commit> | tar -x -C scratch/a`, carried to the machine) beside this
-# tree's full build (B), runs this tree's CUDA tests, then the SPEC suite A, B, A, B.
+# tree's full build (B), runs this tree's CUDA tests, then the benchmark suite A, B, A, B.
 #   usage: scripts/ab_bench.sh A_SOURCE_DIR        results in $OUT (default ./ab-results)
 set -u
 A_SRC=${1:?usage: scripts/ab_bench.sh A_SOURCE_DIR}

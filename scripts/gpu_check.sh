@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one GPU-machine run: build (CUDA, all cores), the whole test suite with the GPU tests
-# live, compute-sanitizer memcheck + racecheck on a reduced GPU grid, the SPEC benchmark
-# suite, and the Python package (pip install, then pytest with torch and jax on the GPU).
+# live, compute-sanitizer memcheck + racecheck on a reduced GPU grid, the benchmark
+# suite, and the Python package (the wheel of scripts/build_wheel.sh installed into a clean
+# folder, pytest with torch and jax on the GPU and nvcc off the PATH; the host-overhead bench).
 # Results go to $OUT (the device tool's folder) or ./gpu-results.
-#   usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|python]...   (default: all)
+#   usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|python|overhead]...  (default: all)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT"
@@ -64,13 +65,32 @@ if want bench; then
     > "$OUT/bench.txt" 2>&1 || status=1
   cat "$OUT/bench.txt"
 fi
+if want python || want overhead; then
+  # The wheel as users get it (scripts/build_wheel.sh), installed with --no-deps into a clean
+  # folder; its tests run with nvcc off the PATH.
+  SITE=/tmp/evoattn-site
+  rm -rf /tmp/evoattn-wheel "$SITE"
+  if scripts/build_wheel.sh /tmp/evoattn-wheel > "$OUT/wheel.log" 2>&1 &&
+     python3 -m pip install --no-deps --no-index --target "$SITE" /tmp/evoattn-wheel/evoattn-*.whl \
+       >> "$OUT/wheel.log" 2>&1; then
+    ls -l /tmp/evoattn-wheel/evoattn-*.whl | awk '{print "wheel:", $NF, $5, "bytes"}' | tee "$OUT/wheel.txt"
+  else
+    tail -30 "$OUT/wheel.log"
+    exit 1
+  fi
+fi
 if want python; then
-  # The machine's own torch / jax / nanobind / scikit-build-core: no network, no isolation.
-  python3 -m pip install --no-build-isolation --no-deps \
-    -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90-real -Ccmake.define.EVOATTN_BUILD_TESTS=OFF \
-    -Ccmake.define.EVOATTN_BUILD_CLI=OFF . > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; status=1; }
-  (cd /tmp && PYTHONUNBUFFERED=1 python3 -m pytest "$OLDPWD/tests/python" -q -rs -p no:cacheprovider) \
+  no_cuda_path=$(echo "$PATH" | tr ':' '\n' | grep -vi cuda | paste -sd:)
+  (cd /tmp && env -u CUDA_HOME PATH="$no_cuda_path" PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 \
+     sh -c '! command -v nvcc && python3 -m pytest "$0/tests/python" -q -rs -p no:cacheprovider' "$OLDPWD") \
     > "$OUT/pytest.log" 2>&1 || status=1
   tail -15 "$OUT/pytest.log"
+fi
+if want overhead; then
+  # Host time per call and eager-vs-graph per suite shape (docs/perf/host-overhead.md).
+  PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 python3 bench/host_overhead.py --json "$OUT/host_torch.json" \
+    2>&1 | tee "$OUT/host_torch.txt" || status=1
+  PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 python3 bench/host_overhead.py --framework jax \
+    --json "$OUT/host_jax.json" 2>&1 | tee "$OUT/host_jax.txt" || status=1
 fi
 exit $status

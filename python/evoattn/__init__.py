@@ -2,9 +2,9 @@
 
     O = softmax(scale * Q K^T + mask_bias + pair_bias) V       (per batch, row, head)
 
-The C library is in the extension module ``evoattn._C``, which binds only the C API (raw
-pointers, sizes, strides, the stream as an int) and links neither libtorch nor jaxlib.
-Front ends, imported on demand so that ``import evoattn`` needs neither framework:
+The C library is ``libevoattn.so`` beside this file; ``evoattn._C`` binds its C API (raw
+pointers, sizes, strides) and links neither libtorch nor jaxlib. The front ends are imported on
+demand, so that ``import evoattn`` needs neither framework:
 
     import evoattn.torch   # evoformer_attention, DS4Sci_EvoformerAttention, torch.ops.evoattn.*
     import evoattn.jax     # evoformer_attention through XLA's FFI (jit, grad, vmap)
@@ -14,7 +14,7 @@ import os as _os
 
 from . import _C
 
-__version__ = _C.version_string()
+__version__: str = _C.version_string()
 
 
 def cuda_available() -> bool:
@@ -32,4 +32,9 @@ def get_include() -> str:
     return _os.path.join(_os.path.dirname(__file__), "include")
 
 
-__all__ = ["__version__", "cuda_available", "has_jax_ffi", "get_include"]
+def get_library() -> str:
+    """The path of the bundled C library (libevoattn.so), for C and C++ users."""
+    return _os.path.join(_os.path.dirname(__file__), "libevoattn.so")
+
+
+__all__ = ["__version__", "cuda_available", "has_jax_ffi", "get_include", "get_library"]

@@ -138,12 +138,15 @@ class _EvoformerAttention(torch.autograd.Function):
 
 
 def _attention(call: str, q, k, v, mask_bias, pair_bias, mask, scale, deterministic, allow_tf32):
+    """(O, LSE), through autograd where a gradient is wanted."""
     if scale is not None:
         scale = float(scale)
     args = (q, k, v, mask_bias, pair_bias, mask, scale, bool(deterministic), bool(allow_tf32))
     try:
-        if torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad for t in (q, k, v, mask_bias, pair_bias)):
+        if torch.is_grad_enabled() and (
+                q.requires_grad or k.requires_grad or v.requires_grad
+                or (mask_bias is not None and mask_bias.requires_grad)
+                or (pair_bias is not None and pair_bias.requires_grad)):
             return _EvoformerAttention.apply(*args)
         return _forward_op(*args)
     except RuntimeError as e:
@@ -165,15 +168,13 @@ def _check_tensor(t, name: str, call: str, ndim: Optional[int] = None) -> None:
 
 def _bias_5d(bias: Optional[Tensor], name: str, call: str) -> Optional[Tensor]:
     """A bias as a view over [B, N, H, Lq, Lk]: missing leading dims become size 1."""
-    if bias is None:
-        return None
+    if bias is None or (isinstance(bias, Tensor) and bias.dim() == 5):
+        return bias
     _check_tensor(bias, name, call)
     if bias.dim() > 5:
         raise ValueError(f"{call}: argument '{name}': expected at most 5 dimensions broadcastable "
                          f"to [B, N, H, Lq, Lk], got shape {tuple(bias.shape)}")
-    if bias.dim() < 5:
-        bias = bias.reshape((1,) * (5 - bias.dim()) + tuple(bias.shape))
-    return bias
+    return bias.reshape((1,) * (5 - bias.dim()) + tuple(bias.shape))
 
 
 def evoformer_attention(
@@ -244,15 +245,17 @@ def evoformer_attention(
         ((1, 8, 64, 4, 32), (1, 1, 4, 64, 64))
     """
     call = "evoattn.torch.evoformer_attention"
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_tensor(t, name, call, 5)
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+            and q.dim() == 5 and k.dim() == 5 and v.dim() == 5):
+        for t, name in ((q, "q"), (k, "k"), (v, "v")):
+            _check_tensor(t, name, call, 5)
     if layout == "BNHLD":
         q, k, v = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
     elif layout != "BNLHD":
         raise ValueError(f"{call}: argument 'layout': expected one of {_LAYOUTS}, got {layout!r}")
     if mask is not None:
         _check_tensor(mask, "mask", call)
-        if mask.dtype != torch.bool:
+        if mask.dtype is not torch.bool:
             raise TypeError(f"{call}: argument 'mask': expected a torch.bool tensor, got "
                             f"{mask.dtype} (use mask_bias for an additive float mask)")
     o, lse = _attention(call, q, k, v, _bias_5d(mask_bias, "mask_bias", call),

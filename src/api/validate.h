@@ -1,4 +1,4 @@
-// One validation layer for every backend and binding: each SPEC error rule lives here.
+// One validation layer for every backend and binding: each error rule of docs/CONTRACT.md lives here.
 // A failure sets the thread's last error (naming the argument and the expectation) and
 // returns its status; nothing has been written to any output by then.
 #pragma once

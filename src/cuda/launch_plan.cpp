@@ -74,7 +74,7 @@ int64_t row_stats_floats(const BwdParams& p) {
 // Floats per row of a running-dQ slot (LaunchPlan::dq_width): D rounded up to 8.
 int64_t dq_row_floats(const BwdParams& p) { return (p.D + 7) / 8 * 8; }
 
-// SPEC's workspace bound in floats: float32 buffers the size of dQ plus one per requested bias
+// the contract's workspace bound in floats: float32 buffers the size of dQ plus one per requested bias
 // gradient.
 int64_t workspace_bound_floats(const BwdParams& p) {
   int64_t bound = p.B * p.N * p.H * p.Lq * p.D;
@@ -86,7 +86,7 @@ int64_t workspace_bound_floats(const BwdParams& p) {
 
 // Whether the shape asks the dK/dV kernel to compute dQ (LaunchPlan::fuse_dq before the
 // dispatcher's check that its shared memory fits the GPU): enough (b, n, h) to fill the GPU,
-// and room within SPEC's bound for enough running-dQ slots to keep half of them in flight.
+// and room within the contract's bound for enough running-dQ slots to keep half of them in flight.
 bool fuse_dq_by_shape(const BwdParams& p) {
   return p.B * p.N * p.H >= kFewBackwardRows && p.D <= kMaxFusedDqHeadDim &&
          (p.Lk <= kTile || dq_pool_rows(p) >= kFewBackwardRows / 2);
@@ -210,7 +210,7 @@ RowsTask base_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
   return task;
 }
 
-// The partials of chunked bias gradients share what SPEC's workspace bound leaves after the
+// The partials of chunked bias gradients share what the contract's workspace bound leaves after the
 // row statistics and the running dQ (less one alignment per part). A shape-only rule, so chunk
 // counts (and the summation order) are the same on every GPU.
 int64_t chunk_budget(const BwdParams& p, const RowsTask& t) {

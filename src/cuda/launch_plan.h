@@ -90,7 +90,7 @@ struct LaunchPlan {
   // in order) when there are enough (b, n, h) to fill the GPU; the running dQ lives between key
   // tiles in `dq_accum`: a pool of dq_slots float32 [Lq, dq_width] slots (workspace; null with
   // one key tile), each held by one running block at a time (`dq_slot_busy`, zeroed before the
-  // kernel): one per block the GPU can hold, not one per (b, n, h), so SPEC's workspace bound
+  // kernel): one per block the GPU can hold, not one per (b, n, h), so the contract's workspace bound
   // holds without a dQ-sized buffer.
   bool fuse_dq;
   // The running dQ of the block's whole (b, n, h) in shared memory instead of dq_accum, where
@@ -263,7 +263,7 @@ inline size_t dkdv_smem_bytes_resident_dq(const LaunchPlan& plan, int head_dim, 
 constexpr size_t dkdv_delta_smem_bytes(int head_dim) { return 2 * size_t{kTile} * (head_dim + 8) * 2; }
 
 // Running-dQ slots a fused dK/dV may use for this shape: min(B N H, kMaxDqSlots, what dQ's share
-// of SPEC's workspace bound leaves after the row statistics). The workspace holds min(this, the
+// of the contract's workspace bound leaves after the row statistics). The workspace holds min(this, the
 // GPU's resident blocks).
 int64_t dq_pool_rows(const BwdParams& p);
 

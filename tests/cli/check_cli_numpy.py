@@ -17,7 +17,7 @@ except ImportError:
     print("SKIPPED: numpy not installed")
     sys.exit(77)
 
-# SPEC.md's bounds on ||out - ref|| / ||ref||.
+# docs/CONTRACT.md's bounds on ||out - ref|| / ||ref||.
 BOUNDS = {"fp32": 1e-5, "fp16": 1e-3, "bf16": 8e-3}
 
 
@@ -90,7 +90,7 @@ def make_case(rng, B, N, Lq, Lk, H, D, file_dtype, mask_bias=None, pair_bias=Non
     if mask:
         keep = rng.uniform(size=(B, N, Lk)) < 0.8
         if masked_row:
-            keep[0, 0, :] = False  # SPEC: LSE -inf, O 0, no NaN anywhere
+            keep[0, 0, :] = False  # docs/CONTRACT.md: LSE -inf, O 0, no NaN anywhere
         files["mask"] = keep
     if d_o:
         files["do"] = uniform((B, N, Lq, H, D))

@@ -28,7 +28,7 @@ struct RunInputs {
 void write_run_inputs(const fs::path& dir, const RunInputs& in, std::mt19937_64& rng);
 
 // Reads the inputs back from `in_dir` as `evoattn run` would (rounded to `dtype`), computes
-// the float64 reference and returns "" when every output file in `out_dir` is within SPEC's
+// the float64 reference and returns "" when every output file in `out_dir` is within the contract's
 // bound for `dtype`, otherwise a description of what is wrong.
 std::string check_run_outputs(const fs::path& in_dir, const fs::path& out_dir,
                               evoattn_dtype_t dtype, double scale);

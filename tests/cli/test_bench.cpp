@@ -123,8 +123,8 @@ TEST(Cli, HelpVersionAndUnknownCommands) {
 }
 
 TEST(Floor, MatchesTheFloorsInAnchors) {
-  // ANCHORS.md's floor columns (ms, bf16, H100 with 132 SMs); they took the measured exp rate
-  // of 4.17 T/s where SPEC's 16 per clock per SM gives 4.18, hence 1%.
+  // docs/PEERS.md's floor columns (ms, bf16, H100 with 132 SMs); they took the measured exp rate
+  // of 4.17 T/s where the contract's 16 per clock per SM gives 4.18, hence 1%.
   const std::vector<std::tuple<const char*, double, double>> anchors = {
       {"tri256", 0.023, 0.068}, {"tri768", 0.435, 1.114},    {"msarow", 0.091, 0.272},
       {"msacol", 0.129, 0.330}, {"extramsa", 1.448, 2.897},  {"template", 0.064, 0.140},

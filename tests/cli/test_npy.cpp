@@ -105,12 +105,12 @@ TEST(Npy, ReadsLooseButValidHeaders) {
   EXPECT_EQ(a.shape, (std::vector<int64_t>{2}));
   EXPECT_EQ(a.values(), (std::vector<double>{1.5, -2.0}));
 
-  write_bytes(dir / "u.npy",
-              npy_file_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }",
+  write_bytes(dir / "b.npy",
+              npy_file_bytes("{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }",
                              std::string("\x00\x01\x07", 3)));
-  const NpyArray u = read_npy((dir / "u.npy").string());
-  EXPECT_EQ(u.dtype, NpyDType::kBool);
-  EXPECT_EQ(u.values(), (std::vector<double>{0, 1, 1}));
+  const NpyArray b = read_npy((dir / "b.npy").string());
+  EXPECT_EQ(b.dtype, NpyDType::kBool);
+  EXPECT_EQ(b.values(), (std::vector<double>{0, 1, 1}));
 }
 
 struct Malformed {
@@ -158,6 +158,7 @@ TEST(Npy, MalformedFilesRaiseAClearErrorNamingTheFile) {
       {"scalar", npy_file_bytes(header("<f4", "()"), std::string(4, '\0')), "0-d"},
       {"big_endian", npy_file_bytes(header(">f4", "(4,)"), four_floats), "big-endian"},
       {"int32", npy_file_bytes(header("<i4", "(4,)"), four_floats), "unsupported dtype '<i4'"},
+      {"uint8", npy_file_bytes(header("|u1", "(16,)"), four_floats), "unsupported dtype '|u1'"},
       {"complex", npy_file_bytes(header("<c8", "(2,)"), four_floats), "unsupported dtype"},
       {"truncated_data", npy_file_bytes(header("<f4", "(5,)"), four_floats), "truncated data"},
       {"trailing_data", npy_file_bytes(header("<f4", "(3,)"), four_floats), "unexpected bytes"},

@@ -1,6 +1,6 @@
-// `evoattn run` end to end, in-process: random .npy inputs of SPEC-valid shapes (odd lengths,
+// `evoattn run` end to end, in-process: random .npy inputs of valid shapes (odd lengths,
 // D 8 and 24, every bias and mask form, with and without do.npy), outputs against the
-// float64 reference within SPEC's bounds.
+// float64 reference within the contract's bounds.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,6 +97,26 @@ TEST(Run, WritesNextToTheInputsByDefault) {
   EXPECT_EQ(entries(dir.path()),
             (std::vector<std::string>{"dk.npy", "do.npy", "dq.npy", "dv.npy", "k.npy", "lse.npy",
                                       "o.npy", "q.npy", "v.npy"}));
+  EXPECT_EQ(check_run_outputs(dir.path(), dir.path(), EVOATTN_FLOAT32, 1.0 / std::sqrt(8.0)), "");
+  // A second run in place reads the same inputs and warns about none of its own outputs.
+  const CliResult again = run_cli({"run", dir.path().string()});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(again.err, "");
+}
+
+TEST(Run, WarnsAboutEveryNpyFileItDoesNotRead) {
+  TempDir dir;
+  std::mt19937_64 rng(9);
+  RunInputs in{1, 2, 3, 4, 1, 8};
+  in.mask_bias = {1, 2, 1, 1, 4};
+  write_run_inputs(dir.path(), in, rng);
+  fs::rename(dir / "mask_bias.npy", dir / "mask_bais.npy");  // a typo: its mask is not applied
+  write_bytes(dir / "notes.txt", "not an array");
+  const CliResult result = run_cli({"run", dir.path().string()});
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_EQ(result.err, "evoattn run: warning: " + (dir / "mask_bais.npy").string() +
+                            " is not an input and is not read (inputs: q, k, v, mask_bias, "
+                            "pair_bias, mask, do.npy)\n");
   EXPECT_EQ(check_run_outputs(dir.path(), dir.path(), EVOATTN_FLOAT32, 1.0 / std::sqrt(8.0)), "");
 }
 

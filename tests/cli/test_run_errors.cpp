@@ -85,6 +85,14 @@ std::vector<BadCase> bad_cases() {
        },
        {},
        "expected bool"},
+      {"uint8_mask",
+       [](const fs::path& d) {
+         write_bytes(d / "mask.npy", npy_file_bytes("{'descr': '|u1', 'fortran_order': False, "
+                                                    "'shape': (1, 2, 6), }",
+                                                    std::string(12, '\x01')));
+       },
+       {},
+       "mask.npy: unsupported dtype '|u1'"},
       {"mask_wrong_length",
        [](const fs::path& d) {
          write_npy((d / "mask.npy").string(),

@@ -1,5 +1,5 @@
 // One attention problem for the numeric tests: its description (Case), its inputs, a run of
-// the library on a backend, and the check against the float64 reference with SPEC's rule.
+// the library on a backend, and the check against the float64 reference with the contract's rule.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,7 @@ enum class Layout {
   kReversed,    // row-major, dim 2 walked backwards (negative stride); inputs only
 };
 
-// Rows whose every key is masked out (SPEC "Fully masked rows").
+// Rows whose every key is masked out (docs/CONTRACT.md "Fully masked rows").
 enum class MaskedRows {
   kNone,
   kMinusInf,  // mask all false at (b, n) = (0, 0); mask_bias -inf on every key at (B-1, N-1)
@@ -113,7 +113,7 @@ ForwardRun run_forward(const Case& c, const Inputs& in, const evoattn_options_t*
 BackwardRun run_backward(const Case& c, const Inputs& in, const ForwardRun& fwd,
                          const evoattn_options_t* options);
 
-// SPEC's numerics rule for every output, plus: every element written (outputs were poisoned
+// the contract's numerics rule for every output, plus: every element written (outputs were poisoned
 // with NaN), NaN exactly where the reference has NaN, nothing written outside the view, and
 // fully masked rows exactly O = 0, LSE = -inf.
 void expect_forward_matches(const Case& c, const Inputs& in, const ForwardRun& run);

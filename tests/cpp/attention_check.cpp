@@ -1,4 +1,4 @@
-// SPEC's numerics rule applied to one case: the library's outputs against the float64 reference.
+// the contract's numerics rule applied to one case: the library's outputs against the float64 reference.
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
@@ -14,7 +14,7 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// SPEC's bounds: float32 in IEEE arithmetic, or on TF32 tensor cores when the case opts in.
+// the contract's bounds: float32 in IEEE arithmetic, or on TF32 tensor cores when the case opts in.
 double spec_cap(const Case& c) {
   switch (c.dtype) {
     case EVOATTN_FLOAT32: return c.tf32 ? 2e-3 : 1e-5;
@@ -59,14 +59,14 @@ class Checker {
  public:
   explicit Checker(const Case& c) : c_(c) {}
 
-  // SPEC's rule: error <= cap and error <= 2 x (naive error) + floor, errors relative to
+  // the contract's rule: error <= cap and error <= 2 x (naive error) + floor, errors relative to
   // ||want|| or to `scale` when given.
   void compare(const std::string& name, const std::vector<double>& got,
                const std::vector<double>& want, const std::vector<double>& naive, double floor,
                double scale = 0.0) {
     Row r{name, error_of(got, want, scale), error_of(naive, want, scale), 0.0};
     // With TF32 the naive computation is the IEEE float32 one (this harness has no TF32
-    // matmul), far more exact than any TF32 product: SPEC's TF32 cap alone applies.
+    // matmul), far more exact than any TF32 product: the contract's TF32 cap alone applies.
     r.bound = c_.tf32 ? spec_cap(c_) : std::min(spec_cap(c_), 2.0 * r.naive + floor);
     failed_ |= !(r.error <= r.bound);
     rows_.push_back(r);
@@ -234,7 +234,7 @@ void expect_forward_matches(const Case& c, const Inputs& in, const ForwardRun& r
   check.compare("lse", lse, want.lse, naive.lse, kLseFloor);
   expect_untouched_padding(check, "o", run.o);
   expect_untouched_padding(check, "lse", run.lse);
-  // Rows the reference finds fully masked: O exactly 0 and LSE exactly -inf (SPEC).
+  // Rows the reference finds fully masked: O exactly 0 and LSE exactly -inf (docs/CONTRACT.md).
   int64_t bad_rows = 0;
   for (int64_t row = 0; row < c.B * c.N * c.H * c.Lq; ++row) {
     if (want.lse[row] != -kInf) continue;

@@ -1,6 +1,6 @@
 // Every bias combination, forward and backward with the bias gradients: the Evoformer forms,
 // the boolean mask (3-D and 5-D, alone and with biases), other broadcasts in either slot,
-// float32 biases with 16-bit inputs, and fully masked rows (SPEC "Fully masked rows").
+// float32 biases with 16-bit inputs, and fully masked rows (docs/CONTRACT.md "Fully masked rows").
 #include <gtest/gtest.h>
 
 #include "attention_case.h"

@@ -1,6 +1,6 @@
 // CUDA-only properties: calls on the caller's stream capture into a CUDA graph and replay to the
 // same bytes (dQ in its own pass and in the dK/dV pass); 64-bit indexing with a tensor of more
-// than 2^31 elements; the backward workspace within SPEC's bound; the kernel variants of GPUs
+// than 2^31 elements; the backward workspace within the contract's bound; the kernel variants of GPUs
 // with less shared memory. Skipped without a GPU.
 #include <cmath>
 #include <cstdint>
@@ -236,11 +236,11 @@ TEST(LargeIndex, PairBiasBeyond2To31Elements) {
       got.push_back(g[j]);
     }
   }
-  EXPECT_LE(util::relative_error(got, want), 8e-3) << "bf16 SPEC bound on sampled rows";
+  EXPECT_LE(util::relative_error(got, want), 8e-3) << "bf16 bound on sampled rows";
 }
 
 
-// SPEC: the backward's workspace is at most float32 buffers the size of dQ plus one per
+// docs/CONTRACT.md: the backward's workspace is at most float32 buffers the size of dQ plus one per
 // requested bias gradient. Descriptors only (the size query reads no data): the suite's shapes
 // and a few edges, with the gradients the bench asks for and with both. The query with
 // descriptors whose data is NULL (JAX sizes the workspace at trace time so) gives the same size.
@@ -283,7 +283,7 @@ TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
                                   (s.pair ? s.B * s.H * s.L * s.L : 0));
       EXPECT_LE(static_cast<double>(bytes), bound)
           << s.name << (mask_grad ? " with d_mask_bias" : "") << ": workspace " << bytes
-          << " bytes, SPEC bound " << bound;
+          << " bytes, contract bound " << bound;
       evoattn_tensor_t q0 = q, mb0 = mb, pb0 = pb;
       q0.data = mb0.data = pb0.data = nullptr;
       size_t bytes_without_data = 0;

@@ -1,4 +1,4 @@
-// Bitwise determinism (SPEC "Backward"): the same inputs give the same bytes in every output
+// Bitwise determinism (docs/CONTRACT.md "Backward"): the same inputs give the same bytes in every output
 // and gradient, run after run, on the CPU whatever the number of threads, and on the GPU with
 // or without programmatic dependent launch, and with or without TMA copies. Whole buffers are
 // compared, padding included.

@@ -1,4 +1,4 @@
-// NaN inputs propagate as IEEE arithmetic would and stay where they are (SPEC): the forward
+// NaN inputs propagate as IEEE arithmetic would and stay where they are (docs/CONTRACT.md): the forward
 // gives NaN exactly where the float64 reference does and matches it everywhere else; the
 // backward runs. (A NaN in Q is not used: the reference takes an all-NaN score row for a
 // fully masked one and answers O = 0, LSE = -inf.)

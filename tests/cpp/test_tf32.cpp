@@ -1,4 +1,4 @@
-// float32 with options.allow_tf32 (SPEC: TF32 tensor cores only when the caller opts in, bound
+// float32 with options.allow_tf32 (docs/CONTRACT.md: TF32 tensor cores only when the caller opts in, bound
 // 2e-3): the CUDA forward runs on TF32 mma.sync, the backward stays IEEE float32 on the LSE that
 // forward saved. The CPU backend ignores the option and must pass the same bound.
 #include <gtest/gtest.h>

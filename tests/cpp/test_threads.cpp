@@ -1,4 +1,4 @@
-// The C API is thread-safe (SPEC): independent problems run concurrently from several host
+// The C API is thread-safe (docs/CONTRACT.md): independent problems run concurrently from several host
 // threads give the bytes the same calls give one after another, and each thread keeps its own
 // last-error message.
 #include <gtest/gtest.h>

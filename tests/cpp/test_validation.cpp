@@ -1,4 +1,4 @@
-// Every error class of SPEC "Memory, streams, errors": the status, a last-error message that
+// Every error class of docs/CONTRACT.md "Memory, streams, errors": the status, a last-error message that
 // names the argument, and outputs left exactly as they were (poisoned). A valid float32 problem
 // is set up once per test; each test breaks one thing.
 #include <gtest/gtest.h>

@@ -7,7 +7,7 @@ A row whose keys are all masked (-inf) has O = 0, LSE = -inf and contributes no 
 
 import numpy as np
 
-# SPEC.md: relative error bound ||out - ref|| / ||ref|| by input dtype name.
+# docs/CONTRACT.md: relative error bound ||out - ref|| / ||ref|| by input dtype name.
 TOLERANCE = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
 
 

@@ -1,6 +1,6 @@
 """examples/triangle_attention.py and bench/peers.py, the parts that run without a GPU: the
 triangle-attention module against its naive twin (forward and parameter gradients), and the
-benchmark's floor against the numbers in ANCHORS.md."""
+benchmark's floor against the peers' floor columns of docs/PEERS.md."""
 
 import importlib.util
 import pathlib

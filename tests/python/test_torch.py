@@ -277,7 +277,7 @@ def test_torch_compile_fullgraph(device):
 
 def test_gradcheck_through_float32():
     """gradcheck in float64 on a wrapper that casts to float32 inside: the library takes float16,
-    bfloat16 and float32 only (SPEC.md), so the finite differences see float32 rounding
+    bfloat16 and float32 only (docs/CONTRACT.md), so the finite differences see float32 rounding
     (~1e-7 relative) amplified by 1/eps; eps = 1e-3 and atol = rtol = 2e-3 cover that while
     still catching any wrong or missing gradient term (those are O(1))."""
     B, N, L, H, D = 1, 2, 5, 2, 4

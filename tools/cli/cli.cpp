@@ -13,7 +13,7 @@ Fused Evoformer attention: softmax(scale * Q K^T + mask_bias + pair_bias) V.
 
 Commands:
   run DIR     forward (and backward) on the .npy files in DIR; see `evoattn run --help`
-  bench       timings against SPEC.md's floor; see `evoattn bench --help`
+  bench       timings against docs/CONTRACT.md's floor; see `evoattn bench --help`
 
   --help      this message
   --version   the library version
@@ -43,7 +43,7 @@ int run_cli(const std::vector<std::string>& words, std::ostream& out, std::ostre
   }
   const std::string prefix = "evoattn " + command + ": ";
   try {
-    return is_run ? run_command(rest, out) : bench_command(rest, out);
+    return is_run ? run_command(rest, out, err) : bench_command(rest, out);
   } catch (const UsageError& e) {
     err << prefix << e.what() << "\n\n" << (is_run ? run_usage() : bench_usage());
     return 2;

@@ -1,4 +1,4 @@
-// `evoattn bench`: forward and forward+backward timings, against SPEC.md's floor on CUDA.
+// `evoattn bench`: forward and forward+backward timings, against docs/CONTRACT.md's floor on CUDA.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -32,7 +32,7 @@ on random inputs. With no shape flags it runs the `small` preset (B1 N8 L64 H4 D
 pair bias), which takes a few seconds on the CPU.
 
   --preset NAME    one of the presets below; shape flags then override its sizes
-  --suite          every SPEC.md suite preset, in order
+  --suite          every docs/CONTRACT.md suite preset, in order
   --B/--N/--H/--D  sizes; --L sets Lq = Lk, or give --Lq and --Lk
   --bias B         which biases: mask (bias [B,N,1,1,Lk]), pair (bias [B,1,H,Lq,Lk]), both or none
   --dtype T        bf16 (default), fp16 or fp32 (IEEE; --tf32 allows TF32 tensor cores)
@@ -45,9 +45,9 @@ pair bias), which takes a few seconds on the CPU.
   --csv FILE       append one row per shape to FILE (a header first when it is empty)
   --peak-tflops X, --peak-tbps X, --clock-mhz X
                    the floor's dense bf16 rate, copy bandwidth and SM clock (default: the
-                   H100 numbers of ANCHORS.md, 729 TFLOP/s, 3.02 TB/s, 1980 MHz)
+                   H100 ceilings of docs/CONTRACT.md, 729 TFLOP/s, 3.02 TB/s, 1980 MHz)
 
-On CUDA the table adds each time's ratio to SPEC.md's floor and the extra device memory of
+On CUDA the table adds each time's ratio to docs/CONTRACT.md's floor and the extra device memory of
 one forward+backward (LSE + workspace). Exit code 2 for bad flags.
 Presets: )";
 

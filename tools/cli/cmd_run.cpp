@@ -1,7 +1,9 @@
 // `evoattn run DIR`: the attention forward (and backward) on .npy files.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -38,11 +40,39 @@ Writes to DIR2, all float32:
   --backend B    auto (cuda when available, else cpu), cpu or cuda
   --threads N    CPU threads (default: all)
 
+Any other .npy file in DIR (a misspelt mask_bias.npy, say) is not read, and draws a warning.
 Exit code 0 on success, 2 for bad flags or bad input, 1 for any other failure; on failure
 no output file is written.
 )";
 
 namespace fs = std::filesystem;
+
+// The .npy files `evoattn run` reads, and those it writes (found in DIR after a run in place).
+const char* const kInputFiles[] = {"q.npy", "k.npy", "v.npy", "mask_bias.npy", "pair_bias.npy",
+                                   "mask.npy", "do.npy"};
+const char* const kOutputFiles[] = {"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy",
+                                    "dmask_bias.npy", "dpair_bias.npy"};
+
+// Warns about each .npy file in `dir` that is neither an input nor an output: a typo such as
+// mask_bais.npy would otherwise run silently without its mask.
+void warn_unread_files(const fs::path& dir, std::ostream& err) {
+  std::vector<std::string> unread;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".npy") continue;
+    const auto is = [&](const char* known) { return name == known; };
+    if (std::none_of(std::begin(kInputFiles), std::end(kInputFiles), is) &&
+        std::none_of(std::begin(kOutputFiles), std::end(kOutputFiles), is)) {
+      unread.push_back(name);
+    }
+  }
+  std::sort(unread.begin(), unread.end());
+  for (const std::string& name : unread) {
+    err << "evoattn run: warning: " << (dir / name).string()
+        << " is not an input and is not read (inputs: q, k, v, mask_bias, pair_bias, mask, do"
+           ".npy)\n";
+  }
+}
 
 std::optional<NpyArray> read_input(const fs::path& dir, const char* file, bool required) {
   const fs::path path = dir / file;
@@ -121,7 +151,7 @@ void write_outputs(const fs::path& dir,
 
 std::string run_usage() { return kUsage; }
 
-int run_command(const std::vector<std::string>& words, std::ostream& out) {
+int run_command(const std::vector<std::string>& words, std::ostream& out, std::ostream& err) {
   const Args args(words, {"out", "dtype", "scale", "backend", "threads"}, {"help"});
   if (args.has("help")) {
     out << kUsage;
@@ -147,6 +177,7 @@ int run_command(const std::vector<std::string>& words, std::ostream& out) {
   if (fs::exists(out_dir) && !fs::is_directory(out_dir)) {
     throw InputError(out_dir.string() + ": exists and is not a directory");
   }
+  warn_unread_files(dir, err);
   const HostInputs inputs = load_inputs(dir, dtype);
   const AttentionCall call(inputs, device, options, GradRequest{true, true, EVOATTN_FLOAT32});
   call.forward(nullptr);

@@ -12,7 +12,8 @@ namespace evoattn::cli {
 std::string run_usage();
 std::string bench_usage();
 
-int run_command(const std::vector<std::string>& words, std::ostream& out);
+// Warnings (a .npy file in DIR that is not one of its inputs or outputs) go to `err`.
+int run_command(const std::vector<std::string>& words, std::ostream& out, std::ostream& err);
 int bench_command(const std::vector<std::string>& words, std::ostream& out);
 
 // The whole tool, in-process: `words` are argv without the program name.

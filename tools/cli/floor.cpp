@@ -5,7 +5,7 @@
 namespace evoattn::cli {
 namespace {
 
-constexpr double kExpsPerClockPerSm = 16.0;  // MUFU ex2 throughput on Hopper (ANCHORS.md)
+constexpr double kExpsPerClockPerSm = 16.0;  // MUFU ex2 throughput on Hopper (docs/CONTRACT.md)
 
 struct Bytes {
   double seq_q, seq_k, lse, biases, pair_bias;

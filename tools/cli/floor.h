@@ -1,4 +1,4 @@
-// SPEC.md's performance floor: the slowest of the matmul FLOPs at the dense bf16 tensor rate,
+// docs/CONTRACT.md's performance floor: the slowest of the matmul FLOPs at the dense bf16 tensor rate,
 // the exponentials at 16 per clock per SM, and the fewest bytes at the copy bandwidth.
 #pragma once
 
@@ -8,7 +8,7 @@
 
 namespace evoattn::cli {
 
-// Defaults: the H100 ceilings measured in shared/ANCHORS.md; the SM count comes from the device.
+// Defaults: the H100 ceilings measured in docs/CONTRACT.md; the SM count comes from the device.
 struct DeviceRates {
   double tflops = 729.0;      // dense bf16 matmul
   double tbps = 3.02;         // device-to-device copy, read + write

@@ -143,8 +143,7 @@ class HeaderParser {
 NpyDType parse_descr(const std::string& descr, const std::string& path) {
   const std::string kind = descr.size() == 3 ? descr.substr(1) : "";
   const char order = descr.empty() ? '?' : descr[0];
-  if ((kind == "b1" || kind == "u1") && std::strchr("|<>=", order) != nullptr)
-    return NpyDType::kBool;
+  if (kind == "b1" && std::strchr("|<>=", order) != nullptr) return NpyDType::kBool;
   if (kind == "f2" || kind == "f4" || kind == "f8") {
     if (order == '>') fail(path, "big-endian data ('" + descr + "') is not supported");
     if (order == '<') {

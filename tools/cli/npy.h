@@ -1,5 +1,5 @@
 // NumPy .npy files (format versions 1.0, 2.0 and 3.0): little-endian float16, float32,
-// float64 and bool ('|u1' reads as bool), C or Fortran order. Every malformed or unsupported
+// float64 and bool (NumPy's '|b1'; uint8 is not bool), C or Fortran order. Every malformed or unsupported
 // file raises InputError with a message that names the file.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Accuracy against the float64 reference (evoattn::ref), with SPEC.md's bounds.
+// Accuracy against the float64 reference (evoattn::ref), with docs/CONTRACT.md's bounds.
 #pragma once
 
 #include <random>
@@ -11,7 +11,7 @@
 
 namespace evoattn::cli {
 
-// SPEC.md's bound on ||out - ref|| / ||ref|| for inputs of `dtype`.
+// docs/CONTRACT.md's bound on ||out - ref|| / ||ref|| for inputs of `dtype`.
 double error_bound(evoattn_dtype_t dtype, bool tf32);
 
 // Outputs named as `evoattn run` names their files (without ".npy"): o, lse, dq, dk, dv,
