@@ -50,7 +50,7 @@ PAIR_BIAS_HEAD_DIMS = [32, 64]
 TF32_FWD = ("cuda/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
 HAND_WRITTEN = ["dispatch.cu", "kernel_launch.cu", "launch_plan.cpp", "row_stats.cu", "simt_fp32.cu",
-                "smem_budget.cu", "tma_maps.cpp", "device_info.cpp"]
+                "smem_budget.cu", "tma_maps.cpp"]
 
 
 def write_instantiation(out: Path, name: str, header: str, instance: str, names: list) -> None:

@@ -8,7 +8,6 @@
 
 #include "api/error.h"
 #include "backend.h"
-#include "cuda/device_info.h"
 #include "cuda/kernels.h"
 #include "cuda/launch_plan.h"
 #include "cuda/smem_budget.h"
@@ -70,10 +69,12 @@ cudaError_t with_head_dim(int D, Launch&& launch) {
 // GPU modelled by EVOATTN_MAX_SMEM_PER_BLOCK, whose SM holds about one block's worth, decides as
 // that GPU would).
 bool two_blocks_fit_sm(int device, size_t allowed, size_t bytes) {
-  cuda::DeviceInfo info;
-  if (cuda::device_info(device, &info) != cudaSuccess) return false;
-  const size_t reserved = static_cast<size_t>(info.reserved_smem_per_block);
-  const size_t sm_bytes = std::min<size_t>(static_cast<size_t>(info.smem_per_sm), allowed + reserved);
+  int per_sm = 0, reserved = 0;
+  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) {
+    return false;
+  }
+  const size_t sm_bytes = std::min<size_t>(static_cast<size_t>(per_sm), allowed + reserved);
   return bytes <= allowed && 2 * (bytes + reserved) <= sm_bytes;
 }
 
@@ -177,11 +178,11 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   if (plan.fuse_dq) {
     const int bucket = head_dim_bucket(p.D);
-    cuda::DeviceInfo info;
+    int sms = 0;
     size_t allowed = 0;
-    if (cuda::device_info(p.device, &info) != cudaSuccess ||
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess ||
         cuda::smem_per_block_limit(p.device, &allowed) != cudaSuccess ||
-        info.sm_count <= 0 || cuda::dkdv_smem_bytes(bucket, true) > allowed) {
+        sms <= 0 || cuda::dkdv_smem_bytes(bucket, true) > allowed) {
       plan.fuse_dq = false;
     } else {
       plan.dkdv_wide = cuda::dkdv_wide_keys(p, bucket) &&
@@ -190,7 +191,7 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
       // dkdv_blocks_per_sm, or kWideDkdvBlocksPerSm), at most what the shape allows.
       const int blocks_per_sm = plan.dkdv_wide ? cuda::kWideDkdvBlocksPerSm
                                                : cuda::dkdv_blocks_per_sm(bucket, cuda::dkdv_no_tile(p, bucket));
-      plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(cuda::dq_pool_rows(p), int64_t{info.sm_count} * blocks_per_sm));
+      plan.dq_slots = static_cast<int32_t>(std::min<int64_t>(cuda::dq_pool_rows(p), int64_t{sms} * blocks_per_sm));
       plan.dq_in_smem = !plan.dkdv_wide && plan.k_tiles > 1 && dq_fits_smem(p, plan, allowed);
       // Head dim 64: two key tiles a block where its resident running dQ fits the GPU (H100: Lq
       // up to 384).
@@ -221,7 +222,7 @@ cudaError_t fwd_tf32(const FwdParams& p, cudaStream_t stream) {
 // end of the last part: no padding after it); the running dQ (plan.dq_slots slots of [Lq,
 // dq_width] floats) only when the dK/dV kernel computes dQ over more than one key tile
 // (LaunchPlan::fuse_dq), with its slots' busy flags, which the row statistics zero (no memset
-// on the stream between the kernels). chunk_budget keeps the total within the contract's bound.
+// on the stream between the kernels). chunk_budget keeps the total within SPEC's bound.
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {

@@ -33,10 +33,10 @@ bool env_switch_on(const char* name) {
 
 bool dependent_launch_enabled(const void* kernel) {
   if (env_switch_on("EVOATTN_DISABLE_PDL")) return false;
-  int device = 0;
-  DeviceInfo info;
-  return cudaGetDevice(&device) == cudaSuccess && device_info(device, &info) == cudaSuccess &&
-         info.cc_major >= 9 && image_has_griddepcontrol(device, kernel);
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         major >= 9 && image_has_griddepcontrol(device, kernel);
 }
 
 }  // namespace evoattn::cuda

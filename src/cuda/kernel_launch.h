@@ -11,8 +11,6 @@
 #include <cstdint>
 #include <utility>
 
-#include "cuda/device_info.h"
-
 namespace evoattn::cuda {
 
 // Whether the environment variable `name` (an A/B switch such as EVOATTN_DISABLE_PDL) is set to
@@ -49,13 +47,13 @@ cudaError_t launch_kernel(void (*kernel)(Params...), size_t blocks, int threads,
 // 0 if unknown.
 template <typename Kernel>
 int64_t resident_blocks(Kernel* kernel, int threads, size_t smem) {
-  int device = 0, per_sm = 0;
-  DeviceInfo info;
-  if (cudaGetDevice(&device) != cudaSuccess || device_info(device, &info) != cudaSuccess ||
-      blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem, &per_sm) != cudaSuccess) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
     return 0;
   }
-  return static_cast<int64_t>(info.sm_count) * per_sm;
+  return static_cast<int64_t>(sms) * per_sm;
 }
 
 }  // namespace evoattn::cuda

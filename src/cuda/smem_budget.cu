@@ -1,7 +1,5 @@
 #include "cuda/smem_budget.h"
 
-#include "cuda/device_info.h"
-
 #include <algorithm>
 #include <cstdlib>
 
@@ -11,9 +9,11 @@ thread_local SmemShortfall last_shortfall{0, 0};
 }  // namespace
 
 cudaError_t smem_per_block_limit(int device, size_t* bytes) {
-  DeviceInfo info;
-  if (cudaError_t e = device_info(device, &info)) return e;
-  *bytes = static_cast<size_t>(info.smem_per_block_optin);
+  int allowed = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) {
+    return e;
+  }
+  *bytes = static_cast<size_t>(allowed);
   if (const char* cap = std::getenv("EVOATTN_MAX_SMEM_PER_BLOCK")) {
     char* end = nullptr;
     const unsigned long long v = std::strtoull(cap, &end, 10);
@@ -32,7 +32,8 @@ cudaError_t reserve_smem(const void* kernel, size_t bytes) {
     last_shortfall = {bytes, allowed};
     return cudaErrorNotSupported;
   }
-  return allow_dynamic_smem(kernel, bytes);
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
 }
 
 SmemShortfall take_smem_shortfall() {

@@ -7,7 +7,6 @@ list(APPEND EVOATTN_SOURCES
   cuda/simt_fp32.cu
   cuda/smem_budget.cu
   cuda/tma_maps.cpp
-  cuda/device_info.cpp
   cuda/instantiations/fwd_fp16_hdim16_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_notile.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_sharedtile.cu

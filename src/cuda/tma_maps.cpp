@@ -78,12 +78,12 @@ TensorShape tile_shape(const FwdParams& p, const LaunchPlan& plan) {
 
 bool fwd_tma_usable(const FwdParams& p, const LaunchPlan& plan) {
   if (env_switch_on("EVOATTN_DISABLE_TMA")) return false;
-  DeviceInfo info;
-  if (device_info(p.device, &info) != cudaSuccess) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  return info.cc_major >= 9 && plan.tile_fast_slot >= 0 && encode_tiled() != nullptr &&
+  return major >= 9 && plan.tile_fast_slot >= 0 && encode_tiled() != nullptr &&
          tma_legal(seq_shape(p, p.k_stride, p.Lk), p.k) && tma_legal(seq_shape(p, p.v_stride, p.Lk), p.v) &&
          tma_legal(seq_shape(p, p.o_stride, p.Lq), p.o) && tma_legal(tile_shape(p, plan), plan.tile_single.ptr);
 }
