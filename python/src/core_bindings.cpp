@@ -16,6 +16,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "options.h"
 
 namespace nb = nanobind;
 
@@ -78,18 +79,6 @@ std::string parse_views(const nb::handle (&objs)[kN], const char* const (&names)
     if (!error.empty()) return error;
   }
   return {};
-}
-
-evoattn_options_t make_options(std::optional<double> scale, bool deterministic, bool allow_tf32,
-                               int num_threads) {
-  evoattn_options_t o;
-  evoattn_options_init(&o);
-  o.has_scale = scale.has_value() ? 1 : 0;
-  o.scale = scale.value_or(0.0);
-  o.deterministic = deterministic ? 1 : 0;
-  o.allow_tf32 = allow_tf32 ? 1 : 0;
-  o.num_threads = num_threads;
-  return o;
 }
 
 void* as_stream(uint64_t stream) { return reinterpret_cast<void*>(static_cast<uintptr_t>(stream)); }

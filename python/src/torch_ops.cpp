@@ -26,6 +26,7 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include "evoattn/evoattn.h"
+#include "options.h"
 
 namespace {
 
@@ -167,15 +168,10 @@ void* current_cuda_stream(int32_t device) {
   return stream;
 }
 
+// CPU calls take PyTorch's thread count (torch.set_num_threads).
 evoattn_options_t options(std::optional<double> scale, bool deterministic, bool allow_tf32, const View& q) {
-  evoattn_options_t o;
-  evoattn_options_init(&o);
-  o.has_scale = scale.has_value() ? 1 : 0;
-  o.scale = scale.value_or(0.0);
-  o.deterministic = deterministic ? 1 : 0;
-  o.allow_tf32 = allow_tf32 ? 1 : 0;
-  if (q.t.device == EVOATTN_DEVICE_CPU) o.num_threads = static_cast<int>(torch::stable::get_num_threads());
-  return o;
+  const int threads = q.t.device == EVOATTN_DEVICE_CPU ? static_cast<int>(torch::stable::get_num_threads()) : 0;
+  return evoattn_py::make_options(scale, deterministic, allow_tf32, threads);
 }
 
 void* stream_of(const View& q) {

@@ -15,6 +15,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
+#include "options.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -216,13 +217,8 @@ class LeadingDims {
 };
 
 evoattn_options_t options_of(const FfiConfig& c) {
-  evoattn_options_t o;
-  evoattn_options_init(&o);
-  o.has_scale = c.has_scale ? 1 : 0;
-  o.scale = c.scale;
-  o.deterministic = c.deterministic ? 1 : 0;
-  o.allow_tf32 = c.allow_tf32 ? 1 : 0;
-  return o;
+  return make_options(c.has_scale ? std::optional<double>(c.scale) : std::nullopt, c.deterministic != 0,
+                      c.allow_tf32 != 0, 0);
 }
 
 bool any_empty(const std::vector<Buf*>& bufs) {
