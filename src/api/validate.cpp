@@ -163,16 +163,21 @@ evoattn_status_t check_bias_shape(const Checker& c, const char* arg, const evoat
   return EVOATTN_SUCCESS;
 }
 
+// A bias or a bias gradient: q's dtype or float32.
+evoattn_status_t check_bias_dtype(const Checker& c, const char* arg, const evoattn_tensor_t* t,
+                                  const evoattn_tensor_t* q) {
+  if (t->dtype == q->dtype || t->dtype == EVOATTN_FLOAT32) return EVOATTN_SUCCESS;
+  return c.fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg,
+                std::string("expected dtype ") + dtype_name(q->dtype) + " (that of q)" +
+                    (q->dtype == EVOATTN_FLOAT32 ? "" : " or float32") + ", got " +
+                    dtype_name(t->dtype));
+}
+
 evoattn_status_t check_bias(const Checker& c, const char* arg, const evoattn_tensor_t* t,
                             const evoattn_tensor_t* q, const int64_t* full) {
   EVOATTN_RETURN_IF_ERROR(c.basic(arg, t, 5));
   EVOATTN_RETURN_IF_ERROR(c.same_device(arg, t, q));
-  if (t->dtype != q->dtype && t->dtype != EVOATTN_FLOAT32) {
-    return c.fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg,
-                  std::string("expected dtype ") + dtype_name(q->dtype) + " (that of q)" +
-                      (q->dtype == EVOATTN_FLOAT32 ? "" : " or float32") + ", got " +
-                      dtype_name(t->dtype));
-  }
+  EVOATTN_RETURN_IF_ERROR(check_bias_dtype(c, arg, t, q));
   return check_bias_shape(c, arg, t, full);
 }
 
@@ -330,11 +335,7 @@ evoattn_status_t validate_backward(const char* fn, const BackwardArgs& a,
     }
     EVOATTN_RETURN_IF_ERROR(c.basic(names[s], g, 5));
     EVOATTN_RETURN_IF_ERROR(c.same_device(names[s], g, q));
-    if (g->dtype != q->dtype && g->dtype != EVOATTN_FLOAT32) {
-      return c.fail(EVOATTN_ERROR_INVALID_ARGUMENT, names[s],
-                    std::string("expected dtype ") + dtype_name(q->dtype) +
-                        " (that of q) or float32, got " + dtype_name(g->dtype));
-    }
+    EVOATTN_RETURN_IF_ERROR(check_bias_dtype(c, names[s], g, q));
     EVOATTN_RETURN_IF_ERROR(c.sizes_are(names[s], g, biases[s]->sizes, "(those of the bias)"));
     if (need_data) EVOATTN_RETURN_IF_ERROR(c.non_overlapping(names[s], g));
   }
