@@ -6,6 +6,7 @@
 // one machine's Python 3.12 + jaxlib 0.11 stack; a status cannot.) status: an evoattn_status_t,
 // or kBadView for a malformed view tuple.
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -47,7 +48,7 @@ std::string parse_view(nb::handle obj, const char* name, evoattn_tensor_t* out,
   std::vector<int64_t> sizes, strides;
   *out = evoattn_tensor_t{};
   uint64_t ptr = 0;
-  int dtype = 0, device = 0, ordinal = 0;
+  int32_t dtype = 0, device = 0, ordinal = 0;
   if (!nb::try_cast(t[0], ptr) || !nb::try_cast(t[1], dtype) || !nb::try_cast(t[2], device) ||
       !nb::try_cast(t[3], ordinal) || !nb::try_cast(t[4], sizes) || !nb::try_cast(t[5], strides)) {
     return arg_error(name, "a view tuple holds (int, int, int, int, sizes, strides)");
@@ -58,8 +59,11 @@ std::string parse_view(nb::handle obj, const char* name, evoattn_tensor_t* out,
                                std::to_string(strides.size()) + " strides");
   }
   out->data = reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
-  out->dtype = static_cast<evoattn_dtype_t>(dtype);
-  out->device = static_cast<evoattn_device_type_t>(device);
+  // Any int from Python, stored as a C caller would: the library checks the codes as integers
+  // (a cast to the C++ enum of a value outside it would be undefined).
+  static_assert(sizeof(out->dtype) == sizeof(dtype) && sizeof(out->device) == sizeof(device));
+  std::memcpy(&out->dtype, &dtype, sizeof dtype);
+  std::memcpy(&out->device, &device, sizeof device);
   out->device_ordinal = ordinal;
   out->ndim = static_cast<int32_t>(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {

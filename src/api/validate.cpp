@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -11,8 +12,21 @@
 namespace evoattn {
 namespace {
 
-// Sizes beyond this could overflow 64-bit offsets once multiplied by strides.
+// Sizes and strides beyond this could overflow 64-bit offsets once multiplied.
 constexpr int64_t kMaxDimSize = int64_t{1} << 40;
+// A view's elements and its farthest element's offset: at most this many, so that byte offsets
+// (4 bytes an element at most) and the backward's workspace bound stay inside 64 bits.
+constexpr int64_t kMaxElements = int64_t{1} << 60;
+
+// The integer in an enum field of a C API struct, read without loading it as the C++ enum: a C
+// caller may store any int there, and loading a value outside the enumeration is undefined.
+template <typename Enum>
+int32_t raw_code(const Enum& field) {
+  static_assert(sizeof(Enum) == sizeof(int32_t), "the C API's enums are 32-bit");
+  int32_t code;
+  std::memcpy(&code, &field, sizeof code);
+  return code;
+}
 
 // Plain string building, no iostreams: the library also runs inside processes (Python with
 // jaxlib) that carry a second C++ runtime, where locale-backed streams have crashed.
@@ -58,22 +72,31 @@ class Checker {
       return fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg,
                   "expected " + std::to_string(ndim) + " dimensions, got " + std::to_string(t->ndim));
     }
+    int64_t elements = 1, extent = 0;  // extent: the farthest element's offset, in elements
     for (int i = 0; i < ndim; ++i) {
       if (t->sizes[i] < 1 || t->sizes[i] > kMaxDimSize) {
         return fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg,
                     "expected every size in [1, 2^40], got sizes " + dims_str(t->sizes, ndim));
       }
-      if (std::llabs(t->strides[i]) > kMaxDimSize) {
+      if (t->strides[i] > kMaxDimSize || t->strides[i] < -kMaxDimSize) {
         return fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg,
                     "expected strides of magnitude at most 2^40, got " + dims_str(t->strides, ndim));
       }
+      int64_t reach = 0;
+      if (__builtin_mul_overflow(elements, t->sizes[i], &elements) ||
+          __builtin_mul_overflow(t->strides[i] < 0 ? -t->strides[i] : t->strides[i], t->sizes[i] - 1, &reach) ||
+          __builtin_add_overflow(extent, reach, &extent) || elements > kMaxElements || extent > kMaxElements) {
+        return fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg,
+                    "sizes " + dims_str(t->sizes, ndim) + " with strides " + dims_str(t->strides, ndim) +
+                        " reach beyond 2^60 elements (the 64-bit index range)");
+      }
     }
-    if (t->dtype < EVOATTN_FLOAT16 || t->dtype > EVOATTN_BOOL) {
-      return fail(EVOATTN_ERROR_UNSUPPORTED, arg, "unknown dtype code " + std::to_string(t->dtype));
+    const int32_t dtype = raw_code(t->dtype), device = raw_code(t->device);
+    if (dtype < EVOATTN_FLOAT16 || dtype > EVOATTN_BOOL) {
+      return fail(EVOATTN_ERROR_UNSUPPORTED, arg, "unknown dtype code " + std::to_string(dtype));
     }
-    if (t->device != EVOATTN_DEVICE_CPU && t->device != EVOATTN_DEVICE_CUDA) {
-      return fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg,
-                  "unknown device type " + std::to_string(t->device));
+    if (device != EVOATTN_DEVICE_CPU && device != EVOATTN_DEVICE_CUDA) {
+      return fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg, "unknown device type " + std::to_string(device));
     }
     if (need_data_ && t->data == nullptr) {
       return fail(EVOATTN_ERROR_INVALID_ARGUMENT, arg, "expected a data pointer, got NULL");
@@ -120,7 +143,8 @@ class Checker {
   }
 
   // Outputs must not alias themselves: sorted by stride, each stride must step past the
-  // extent of the smaller ones (a sufficient condition for distinct offsets).
+  // extent of the smaller ones (a sufficient condition for distinct offsets). After basic(),
+  // whose checks keep every product and sum here below 2^60.
   evoattn_status_t non_overlapping(const char* arg, const evoattn_tensor_t* t) const {
     std::vector<std::pair<int64_t, int64_t>> dims;  // |stride|, size
     for (int i = 0; i < t->ndim; ++i) {
@@ -338,6 +362,25 @@ evoattn_status_t validate_backward(const char* fn, const BackwardArgs& a,
     EVOATTN_RETURN_IF_ERROR(check_bias_dtype(c, names[s], g, q));
     EVOATTN_RETURN_IF_ERROR(c.sizes_are(names[s], g, biases[s]->sizes, "(those of the bias)"));
     if (need_data) EVOATTN_RETURN_IF_ERROR(c.non_overlapping(names[s], g));
+  }
+  // The workspace is at most the row statistics (3 floats a row) plus float32 buffers the size
+  // of dQ and of each requested bias gradient, and some alignment: that bound, in checked
+  // arithmetic, so that no backend's workspace size can wrap 64 bits.
+  const Problem& p = *out;
+  const uint64_t rows = uint64_t(p.B) * uint64_t(p.N) * uint64_t(p.H) * uint64_t(p.Lq);  // <= 2^60
+  uint64_t floats = rows * uint64_t(p.D), bytes = 0;
+  bool overflow = __builtin_mul_overflow(rows, uint64_t{3}, &bytes);
+  for (const evoattn_tensor_t* g : a.d_bias) {
+    uint64_t n = 1;
+    for (int i = 0; g != nullptr && i < 5; ++i) n *= uint64_t(g->sizes[i]);  // basic(): <= 2^60
+    overflow = overflow || __builtin_add_overflow(floats, g != nullptr ? n : 0, &floats);
+  }
+  overflow = overflow || __builtin_add_overflow(bytes, floats, &bytes) ||
+             __builtin_mul_overflow(bytes, uint64_t{sizeof(float)}, &bytes) ||
+             __builtin_add_overflow(bytes, uint64_t{1} << 16, &bytes);
+  if (overflow) {
+    return c.fail(EVOATTN_ERROR_INVALID_ARGUMENT, "q",
+                  "the backward's workspace for these sizes exceeds 2^64 bytes");
   }
   return EVOATTN_SUCCESS;
 }

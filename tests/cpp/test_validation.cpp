@@ -210,11 +210,91 @@ TEST_F(Validation, WrongDtypes) {
   expect_error(backward(), EVOATTN_ERROR_INVALID_ARGUMENT, "d_pair_bias");
 }
 
+// Stores `code` in an enum field as a C caller can, without forming an out-of-range C++ enum
+// value here (which UndefinedBehaviorSanitizer reports).
+template <typename Enum>
+void store_code(Enum* field, int32_t code) {
+  static_assert(sizeof(Enum) == sizeof(code), "the C API's enums are 32-bit");
+  std::memcpy(field, &code, sizeof code);
+}
+
 TEST_F(Validation, UnsupportedDtype) {
   q.view.dtype = EVOATTN_BOOL;
   expect_error_everywhere(EVOATTN_ERROR_UNSUPPORTED, "q");
-  q.view.dtype = static_cast<evoattn_dtype_t>(9);
-  expect_error_everywhere(EVOATTN_ERROR_UNSUPPORTED, "q");
+  for (int32_t code : {9, -1, std::numeric_limits<int32_t>::min()}) {
+    store_code(&q.view.dtype, code);
+    expect_error_everywhere(EVOATTN_ERROR_UNSUPPORTED, "q");
+    EXPECT_NE(std::string(evoattn_last_error()).find("unknown dtype code " + std::to_string(code)),
+              std::string::npos) << evoattn_last_error();
+  }
+}
+
+TEST_F(Validation, UnknownDeviceCode) {
+  for (int32_t code : {2, -7}) {
+    store_code(&k.view.device, code);
+    expect_error_everywhere(EVOATTN_ERROR_INVALID_ARGUMENT, "k");
+    EXPECT_NE(std::string(evoattn_last_error()).find("unknown device type"), std::string::npos);
+  }
+}
+
+TEST_F(Validation, StrideOutOfRange) {
+  // INT64_MIN has no magnitude in 64 bits (llabs of it is negative): it must not pass as small.
+  for (int64_t stride : {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                         (int64_t{1} << 40) + 1, -(int64_t{1} << 40) - 1}) {
+    SCOPED_TRACE(stride);
+    q.view.strides[0] = stride;
+    expect_error_everywhere(EVOATTN_ERROR_INVALID_ARGUMENT, "q");
+    EXPECT_NE(std::string(evoattn_last_error()).find("strides of magnitude at most 2^40"),
+              std::string::npos) << evoattn_last_error();
+  }
+}
+
+TEST_F(Validation, ViewsBeyondTheIndexRange) {
+  // Sizes and strides each within 2^40 whose products are not: the element count, or the
+  // farthest element's offset, past 2^60 (for an output, where the overlap check multiplies
+  // them, this was a signed overflow).
+  constexpr int64_t kBig = int64_t{1} << 40;
+  for (Arg* a : {&q, &k, &v, &d_o, &o, &dq, &dk, &dv}) {
+    a->view.sizes[1] = kBig;
+    a->view.strides[1] = 1;
+  }
+  lse.view.sizes[1] = kBig;
+  mask_bias.view.sizes[1] = mask.view.sizes[1] = 1;
+  o.view.strides[1] = kBig;  // offset (2^40 - 1) * 2^40
+  expect_error(forward(), EVOATTN_ERROR_INVALID_ARGUMENT, "o");
+  EXPECT_NE(std::string(evoattn_last_error()).find("reach beyond 2^60 elements"), std::string::npos)
+      << evoattn_last_error();
+  o.view.strides[1] = 1;
+  q.view.sizes[0] = k.view.sizes[0] = v.view.sizes[0] = kBig;  // 2^81 elements
+  expect_error_everywhere(EVOATTN_ERROR_INVALID_ARGUMENT, "q");
+  EXPECT_NE(std::string(evoattn_last_error()).find("reach beyond 2^60 elements"), std::string::npos);
+}
+
+TEST_F(Validation, WorkspaceBeyond64Bits) {
+  // q [2^20, 1, 2^20, 2^20, 1] (2^60 elements) with a pair bias of as many: the workspace bound
+  // (row statistics, float32 dQ and d_pair_bias) is about 20 * 2^60 bytes, past 2^64. The query
+  // once returned a wrapped size here.
+  constexpr int64_t kM = int64_t{1} << 20;
+  auto set = [](Arg& a, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+    a.view.ndim = static_cast<int32_t>(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      a.view.sizes[i] = sizes[i];
+      a.view.strides[i] = strides[i];
+    }
+  };
+  set(q, {kM, 1, kM, kM, 1}, {kM * kM, 0, kM, 1, 1});
+  set(k, {kM, 1, 1, kM, 1}, {kM, 0, 0, 1, 1});
+  set(v, {kM, 1, 1, kM, 1}, {kM, 0, 0, 1, 1});
+  set(pair_bias, {kM, 1, kM, kM, 1}, {kM * kM, 0, kM, 1, 1});
+  set(d_pair_bias, {kM, 1, kM, kM, 1}, {kM * kM, 0, kM, 1, 1});
+  mask_bias.given = mask.given = d_mask_bias.given = false;
+  size_t bytes = 12345;
+  expect_error(workspace_size(&bytes), EVOATTN_ERROR_INVALID_ARGUMENT, "q");
+  EXPECT_NE(std::string(evoattn_last_error()).find("exceeds 2^64 bytes"), std::string::npos)
+      << evoattn_last_error();
+  EXPECT_EQ(bytes, 12345u);
+  d_pair_bias.given = false;  // the row statistics and dQ alone: about 16 * 2^60, still past
+  expect_error(workspace_size(&bytes), EVOATTN_ERROR_INVALID_ARGUMENT, "q");
 }
 
 TEST_F(Validation, HeadDimAbove128) {
