@@ -7,6 +7,7 @@
 #include <functional>
 #include <iterator>
 #include <numeric>
+#include <stdexcept>
 
 #include "cli_test_util.h"
 #include "errors.h"
@@ -111,6 +112,34 @@ TEST(Npy, ReadsLooseButValidHeaders) {
   const NpyArray b = read_npy((dir / "b.npy").string());
   EXPECT_EQ(b.dtype, NpyDType::kBool);
   EXPECT_EQ(b.values(), (std::vector<double>{0, 1, 1}));
+}
+
+TEST(Npy, AnEmptyArrayHasNoValuesWhateverItsOtherDimensions) {
+  // Products of the other dimensions (2^100 here) overflow 64 bits: never computed.
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{0, int64_t{1} << 50, int64_t{1} << 50},
+        std::vector<int64_t>{int64_t{1} << 50, int64_t{1} << 50, 0}}) {
+    NpyArray a;
+    a.shape = shape;
+    EXPECT_EQ(a.numel(), 0);
+    EXPECT_TRUE(a.values().empty());
+    a.fortran_order = true;
+    EXPECT_TRUE(a.values().empty());
+  }
+  NpyArray huge;
+  huge.shape = {int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_THROW(huge.numel(), std::invalid_argument);
+}
+
+TEST(Npy, OnlyRegularFilesAreOpened) {
+  TempDir dir;
+  fs::create_directory(dir / "d.npy");
+  try {
+    read_npy((dir / "d.npy").string());
+    ADD_FAILURE() << "a directory was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("d.npy: not a regular file"), std::string::npos) << e.what();
+  }
 }
 
 struct Malformed {

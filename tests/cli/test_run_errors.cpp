@@ -1,7 +1,11 @@
 // Every bad-input path of `evoattn run`: exit code 2, one clear message, no output written.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "evoattn/evoattn.h"
 #include "run_inputs.h"
@@ -93,6 +97,34 @@ std::vector<BadCase> bad_cases() {
        },
        {},
        "mask.npy: unsupported dtype '|u1'"},
+      {"dangling_mask_link",
+       [](const fs::path& d) {
+         fs::remove(d / "mask.npy");
+         fs::create_symlink(d / "gone", d / "mask.npy");
+       },
+       {},
+       "mask.npy: a symbolic link to nothing"},
+      {"dangling_do_link",
+       [](const fs::path& d) {
+         fs::remove(d / "do.npy");
+         fs::create_symlink(d / "gone", d / "do.npy");
+       },
+       {},
+       "do.npy: a symbolic link to nothing"},
+      {"directory_as_q",
+       [](const fs::path& d) {
+         fs::remove(d / "q.npy");
+         fs::create_directory(d / "q.npy");
+       },
+       {},
+       "q.npy: not a regular file"},
+      {"fifo_as_k",  // opening it would block forever
+       [](const fs::path& d) {
+         fs::remove(d / "k.npy");
+         ASSERT_EQ(mkfifo((d / "k.npy").c_str(), 0600), 0);
+       },
+       {},
+       "k.npy: not a regular file"},
       {"mask_wrong_length",
        [](const fs::path& d) {
          write_npy((d / "mask.npy").string(),
@@ -207,6 +239,35 @@ TEST(RunFailure, AFailedWriteExitsWith1AndLeavesNoTemporaries) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("evoattn run: error: "), std::string::npos) << r.err;
   EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"k.npy", "o.npy", "q.npy", "v.npy"}));
+}
+
+TEST(RunFailure, ALaterOutputFailingLeavesEveryEarlierOneAsItWas) {
+  TempDir dir;
+  std::mt19937_64 rng(6);
+  RunInputs in{1, 1, 2, 2, 1, 8};
+  in.d_o = true;
+  write_run_inputs(dir.path(), in, rng);
+  write_bytes(dir / "o.npy", "an earlier run's o");  // replaced only if every output lands
+  fs::create_directory(dir / "dq.npy");               // dq.npy cannot be written
+  const CliResult r = run_cli({"run", dir.path().string()});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("dq.npy: exists and is not a regular file"), std::string::npos) << r.err;
+  EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"do.npy", "dq.npy", "k.npy", "o.npy",
+                                                           "q.npy", "v.npy"}));
+  std::ifstream o(dir / "o.npy", std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(o), {}), "an earlier run's o");
+}
+
+TEST(RunFailure, OutputsReplaceEarlierOnesWhenEveryOneLands) {
+  TempDir dir;
+  std::mt19937_64 rng(8);
+  write_run_inputs(dir.path(), RunInputs{1, 1, 2, 2, 1, 8}, rng);
+  write_bytes(dir / "o.npy", "an earlier run's o");
+  const CliResult r = run_cli({"run", dir.path().string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"k.npy", "lse.npy", "o.npy", "q.npy",
+                                                           "v.npy"}));
+  EXPECT_EQ(read_npy((dir / "o.npy").string()).shape, (std::vector<int64_t>{1, 1, 2, 1, 8}));
 }
 
 }  // namespace

@@ -336,8 +336,9 @@ BackwardRun run_backward(const Case& c, const Inputs& in, const ForwardRun& fwd,
 }
 
 bool same_bytes(const util::Tensor& a, const util::Tensor& b) {
+  // memcmp's pointers must be valid even for 0 bytes: an empty tensor's may be null.
   return a.buffer.bytes() == b.buffer.bytes() &&
-         std::memcmp(a.buffer.data(), b.buffer.data(), a.buffer.bytes()) == 0;
+         (a.buffer.bytes() == 0 || std::memcmp(a.buffer.data(), b.buffer.data(), a.buffer.bytes()) == 0);
 }
 
 void expect_forward_and_backward_match(const Case& c) {

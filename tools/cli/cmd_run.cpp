@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <iterator>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "args.h"
@@ -41,8 +43,8 @@ Writes to DIR2, all float32:
   --threads N    CPU threads (default: all)
 
 Any other .npy file in DIR (a misspelt mask_bias.npy, say) is not read, and draws a warning.
-Exit code 0 on success, 2 for bad flags or bad input, 1 for any other failure; on failure
-no output file is written.
+Inputs must be regular files (or links to them). Exit code 0 on success, 2 for bad flags or
+bad input, 1 for any other failure; on failure no output file is written or replaced.
 )";
 
 namespace fs = std::filesystem;
@@ -76,11 +78,14 @@ void warn_unread_files(const fs::path& dir, std::ostream& err) {
 
 std::optional<NpyArray> read_input(const fs::path& dir, const char* file, bool required) {
   const fs::path path = dir / file;
-  if (!fs::exists(path)) {
+  std::error_code error;
+  if (!fs::exists(fs::symlink_status(path, error))) {
     if (required)
       throw InputError(path.string() + ": missing (q.npy, k.npy and v.npy are required)");
     return std::nullopt;
   }
+  // A link to nothing is an input given by mistake, not an input left out.
+  if (!fs::exists(fs::status(path, error))) throw InputError(path.string() + ": a symbolic link to nothing");
   return read_npy(path.string());
 }
 
@@ -124,26 +129,54 @@ HostInputs load_inputs(const fs::path& dir, std::optional<evoattn_dtype_t> force
                     optional_tensor(dir, "do.npy", dtype)};
 }
 
-// Writes every output under a temporary name first and renames them all at the end, so a
-// failure part-way leaves no partial set behind.
+// Writes the outputs all together or not at all: each under a temporary name first; then each
+// file a name already holds is moved aside and the new one renamed into place. If any step
+// fails, the new files are removed and the old ones put back, so the directory is as it was.
 void write_outputs(const fs::path& dir,
                    const std::vector<std::pair<std::string, const util::Tensor*>>& outputs) {
   fs::create_directories(dir);
-  std::vector<fs::path> temporaries;
+  const std::string pid = std::to_string(getpid());
+  struct Slot {
+    fs::path target, temporary, backup;
+    bool backed_up = false, placed = false;
+  };
+  std::vector<Slot> slots;
+  for (const auto& output : outputs) {
+    const fs::path target = dir / output.first;
+    slots.push_back({target, dir / ("." + output.first + ".tmp" + pid), dir / ("." + output.first + ".old" + pid)});
+  }
   try {
-    for (const auto& [name, tensor] : outputs) {
-      temporaries.push_back(dir / ("." + name + ".tmp" + std::to_string(getpid())));
-      const util::Tensor host = tensor->to(EVOATTN_DEVICE_CPU);
-      write_npy(temporaries.back().string(),
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const util::Tensor host = outputs[i].second->to(EVOATTN_DEVICE_CPU);
+      write_npy(slots[i].temporary.string(),
                 make_npy(NpyDType::kFloat32, host.sizes(), util::to_doubles(host.view)));
     }
-    for (size_t i = 0; i < outputs.size(); ++i) fs::rename(temporaries[i], dir / outputs[i].first);
+    for (Slot& s : slots) {
+      const fs::file_status now = fs::symlink_status(s.target);  // a link is replaced, not followed
+      if (fs::exists(now) && !fs::is_regular_file(now) && !fs::is_symlink(now)) {
+        throw std::runtime_error(s.target.string() + ": exists and is not a regular file");
+      }
+    }
+    for (Slot& s : slots) {
+      if (fs::exists(fs::symlink_status(s.target))) {
+        fs::rename(s.target, s.backup);
+        s.backed_up = true;
+      }
+      fs::rename(s.temporary, s.target);
+      s.placed = true;
+    }
   } catch (...) {
-    for (const fs::path& t : temporaries) {
-      std::error_code ignored;
-      fs::remove(t, ignored);
+    std::error_code ignored;
+    for (Slot& s : slots) {
+      if (s.placed) fs::remove(s.target, ignored);
+      if (s.backed_up) fs::rename(s.backup, s.target, ignored);
+      fs::remove(s.temporary, ignored);
     }
     throw;
+  }
+  std::error_code ignored;
+  for (const Slot& s : slots) {
+    if (s.backed_up) fs::remove(s.backup, ignored);
   }
 }
 

@@ -1,12 +1,15 @@
 #include "npy.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "common/half.h"
 #include "errors.h"
@@ -206,12 +209,20 @@ size_t npy_dtype_size(NpyDType dtype) {
 }
 
 int64_t NpyArray::numel() const {
+  if (std::find(shape.begin(), shape.end(), int64_t{0}) != shape.end()) return 0;
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    if (s < 0 || __builtin_mul_overflow(n, s, &n)) {
+      throw std::invalid_argument("NpyArray: the shape's element count does not fit 64 bits");
+    }
+  }
   return n;
 }
 
 std::vector<double> NpyArray::values() const {
+  // An empty array has none, whatever its other dimensions (whose products could overflow);
+  // otherwise numel() bounds every product below.
+  if (numel() == 0) return {};
   const int ndim = static_cast<int>(shape.size());
   // Element strides of the file layout; Fortran order is column-major.
   std::vector<int64_t> strides(ndim, 1);
@@ -256,6 +267,12 @@ std::vector<double> NpyArray::values() const {
 }
 
 NpyArray read_npy(const std::string& path) {
+  // Only a regular file is opened: a directory reads as an I/O error and a FIFO would block.
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    fail(path, "not a regular file");
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) fail(path, std::string("cannot open: ") + std::strerror(errno));
   const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
