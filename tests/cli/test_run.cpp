@@ -115,8 +115,8 @@ TEST(Run, WarnsAboutEveryNpyFileItDoesNotRead) {
   const CliResult result = run_cli({"run", dir.path().string()});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_EQ(result.err, "evoattn run: warning: " + (dir / "mask_bais.npy").string() +
-                            " is not an input and is not read (inputs: q, k, v, mask_bias, "
-                            "pair_bias, mask, do.npy)\n");
+                            " is not an input and is not read (the inputs: q, k, v, mask_bias, "
+                            "pair_bias, mask, do)\n");
   EXPECT_EQ(check_run_outputs(dir.path(), dir.path(), EVOATTN_FLOAT32, 1.0 / std::sqrt(8.0)), "");
 }
 

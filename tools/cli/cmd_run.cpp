@@ -71,8 +71,7 @@ void warn_unread_files(const fs::path& dir, std::ostream& err) {
   std::sort(unread.begin(), unread.end());
   for (const std::string& name : unread) {
     err << "evoattn run: warning: " << (dir / name).string()
-        << " is not an input and is not read (inputs: q, k, v, mask_bias, pair_bias, mask, do"
-           ".npy)\n";
+        << " is not an input and is not read (the inputs: q, k, v, mask_bias, pair_bias, mask, do)\n";
   }
 }
 
@@ -85,7 +84,9 @@ std::optional<NpyArray> read_input(const fs::path& dir, const char* file, bool r
     return std::nullopt;
   }
   // A link to nothing is an input given by mistake, not an input left out.
-  if (!fs::exists(fs::status(path, error))) throw InputError(path.string() + ": a symbolic link to nothing");
+  if (!fs::exists(fs::status(path, error))) {
+    throw InputError(path.string() + ": a symbolic link to nothing");
+  }
   return read_npy(path.string());
 }
 
@@ -142,8 +143,8 @@ void write_outputs(const fs::path& dir,
   };
   std::vector<Slot> slots;
   for (const auto& output : outputs) {
-    const fs::path target = dir / output.first;
-    slots.push_back({target, dir / ("." + output.first + ".tmp" + pid), dir / ("." + output.first + ".old" + pid)});
+    const std::string& name = output.first;
+    slots.push_back({dir / name, dir / ("." + name + ".tmp" + pid), dir / ("." + name + ".old" + pid)});
   }
   try {
     for (size_t i = 0; i < outputs.size(); ++i) {
