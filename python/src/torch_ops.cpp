@@ -122,35 +122,33 @@ Tensor empty_strided(int ndim, const int64_t* sizes, const int64_t* strides, int
   return Tensor(h);
 }
 
-// Dense strides in the order of x's strides (outermost first; ties by dimension): the layout
-// empty_like gives a dense tensor, so an output keeps its input's layout ("BNHLD" stays
-// head-major). evoattn/torch.py's fake kernels compute the same.
-std::array<int64_t, 5> dense_strides_like(const evoattn_tensor_t& x) {
-  std::array<int, 5> order{0, 1, 2, 3, 4};
-  std::stable_sort(order.begin(), order.begin() + x.ndim,
-                   [&](int a, int b) { return x.strides[a] > x.strides[b]; });
+// Dense strides for `sizes`, the dimensions laid out in `order` (outermost first).
+std::array<int64_t, 5> dense_strides(int ndim, const int64_t* sizes, const std::array<int, 5>& order) {
   std::array<int64_t, 5> strides{};
   int64_t step = 1;
-  for (int i = x.ndim - 1; i >= 0; --i) {
+  for (int i = ndim - 1; i >= 0; --i) {
     strides[order[i]] = step;
-    step *= std::max<int64_t>(x.sizes[order[i]], 1);
+    step *= std::max<int64_t>(sizes[order[i]], 1);
   }
   return strides;
 }
 
+constexpr std::array<int, 5> kRowMajor{0, 1, 2, 3, 4};
+
+// Shaped like x, dense, its dimensions in the order of x's strides (ties by dimension): the
+// layout empty_like gives a dense tensor, so an output keeps its input's layout ("BNHLD" stays
+// head-major). evoattn/torch.py's fake kernels compute the same.
 Tensor empty_like(const View& x) {
-  const std::array<int64_t, 5> strides = dense_strides_like(x.t);
+  std::array<int, 5> order = kRowMajor;
+  std::stable_sort(order.begin(), order.begin() + x.t.ndim,
+                   [&](int a, int b) { return x.t.strides[a] > x.t.strides[b]; });
+  const std::array<int64_t, 5> strides = dense_strides(x.t.ndim, x.t.sizes, order);
   return empty_strided(x.t.ndim, x.t.sizes, strides.data(), x.torch_dtype, x);
 }
 
 Tensor empty_contiguous(int ndim, const int64_t* sizes, int32_t dtype, const View& like) {
-  int64_t strides[5];
-  int64_t step = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
-    strides[i] = step;
-    step *= std::max<int64_t>(sizes[i], 1);
-  }
-  return empty_strided(ndim, sizes, strides, dtype, like);
+  const std::array<int64_t, 5> strides = dense_strides(ndim, sizes, kRowMajor);
+  return empty_strided(ndim, sizes, strides.data(), dtype, like);
 }
 
 // PyTorch's current CUDA stream for `device`. aoti_torch_get_current_cuda_stream lives in
@@ -178,34 +176,54 @@ void* stream_of(const View& q) {
   return q.t.device == EVOATTN_DEVICE_CUDA ? current_cuda_stream(q.device_index) : nullptr;
 }
 
+// The operators' inputs q, k, v and the optional mask bias, pair bias and mask, as C API views.
+struct Inputs {
+  View q, k, v;
+  std::optional<View> mask_bias, pair_bias, mask;
+};
+
+Inputs inputs_of(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const std::optional<Tensor>& mask_bias, const std::optional<Tensor>& pair_bias,
+                 const std::optional<Tensor>& mask) {
+  return {view_of(q, fn, "q"),
+          view_of(k, fn, "k"),
+          view_of(v, fn, "v"),
+          view_of(mask_bias, fn, "mask_bias"),
+          view_of(pair_bias, fn, "pair_bias"),
+          view_of(mask, fn, "mask")};
+}
+
 bool has_zero_size(const evoattn_tensor_t& t) {
   return std::any_of(t.sizes, t.sizes + t.ndim, [](int64_t s) { return s == 0; });
 }
 
-// Validates an empty problem with the C API's own checks: every size of 0 read as 1.
-void validate_empty(std::array<std::optional<View>, 6> in, std::optional<double> scale, bool deterministic,
-                    bool allow_tf32) {
-  for (auto& v : in) {
-    if (!v) continue;
-    for (int i = 0; i < v->t.ndim; ++i) v->t.sizes[i] = std::max<int64_t>(v->t.sizes[i], 1);
-  }
-  const evoattn_options_t opt = options(scale, deterministic, allow_tf32, *in[0]);
-  size_t bytes = 0;
-  check(evoattn_backward_workspace_size(ptr(in[0]), ptr(in[1]), ptr(in[2]), ptr(in[3]), ptr(in[4]),
-                                        ptr(in[5]), nullptr, nullptr, &opt, &bytes));
+// B, N, H, Lq or Lk of 0 (with a head dim, which must be 1 to 128 like any other).
+bool is_empty_problem(const Inputs& in) {
+  return in.q.t.ndim == 5 && in.k.t.ndim == 5 && (has_zero_size(in.q.t) || in.k.t.sizes[2] == 0) &&
+         in.q.t.sizes[4] > 0;
 }
 
-bool is_empty_problem(const View& q, const View& k) {
-  return q.t.ndim == 5 && k.t.ndim == 5 && (has_zero_size(q.t) || k.t.sizes[2] == 0) && q.t.sizes[4] > 0;
+// Validates an empty problem with the C API's own checks: every size of 0 read as 1.
+void validate_empty(Inputs in, std::optional<double> scale, bool deterministic, bool allow_tf32) {
+  auto zero_as_one = [](evoattn_tensor_t& t) {
+    for (int i = 0; i < t.ndim; ++i) t.sizes[i] = std::max<int64_t>(t.sizes[i], 1);
+  };
+  for (View* v : {&in.q, &in.k, &in.v}) zero_as_one(v->t);
+  for (std::optional<View>* v : {&in.mask_bias, &in.pair_bias, &in.mask}) {
+    if (*v) zero_as_one((*v)->t);
+  }
+  const evoattn_options_t opt = options(scale, deterministic, allow_tf32, in.q);
+  size_t bytes = 0;
+  check(evoattn_backward_workspace_size(&in.q.t, &in.k.t, &in.v.t, ptr(in.mask_bias), ptr(in.pair_bias),
+                                        ptr(in.mask), nullptr, nullptr, &opt, &bytes));
 }
 
 std::tuple<Tensor, Tensor> forward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask_bias,
                                    std::optional<Tensor> pair_bias, std::optional<Tensor> mask,
                                    std::optional<double> scale, bool deterministic, bool allow_tf32) {
   const char* fn = "evoattn_forward";
-  const View vq = view_of(q, fn, "q"), vk = view_of(k, fn, "k"), vv = view_of(v, fn, "v");
-  const std::optional<View> vmb = view_of(mask_bias, fn, "mask_bias"), vpb = view_of(pair_bias, fn, "pair_bias"),
-                            vmask = view_of(mask, fn, "mask");
+  const Inputs in = inputs_of(fn, q, k, v, mask_bias, pair_bias, mask);
+  const View& vq = in.q;
   if (vq.t.ndim != 5) {
     fail("invalid argument", std::string(fn) + ": argument 'q': expected 5 dimensions [B, N, Lq, H, D], got " +
                                  std::to_string(vq.t.ndim));
@@ -214,8 +232,8 @@ std::tuple<Tensor, Tensor> forward(Tensor q, Tensor k, Tensor v, std::optional<T
   const int64_t lse_sizes[4] = {s[0], s[1], s[3], s[2]};
   Tensor o = empty_like(vq);
   Tensor lse = empty_contiguous(4, lse_sizes, aoti_torch_dtype_float32(), vq);
-  if (is_empty_problem(vq, vk)) {
-    validate_empty({vq, vk, vv, vmb, vpb, vmask}, scale, deterministic, allow_tf32);
+  if (is_empty_problem(in)) {
+    validate_empty(in, scale, deterministic, allow_tf32);
     if (!has_zero_size(vq.t)) {  // no keys: every row is fully masked
       torch::stable::zero_(o);
       torch::stable::fill_(lse, -std::numeric_limits<double>::infinity());
@@ -224,7 +242,8 @@ std::tuple<Tensor, Tensor> forward(Tensor q, Tensor k, Tensor v, std::optional<T
   }
   const View vo = view_of(o, fn, "o"), vlse = view_of(lse, fn, "lse");
   const evoattn_options_t opt = options(scale, deterministic, allow_tf32, vq);
-  check(evoattn_forward(&vq.t, &vk.t, &vv.t, ptr(vmb), ptr(vpb), ptr(vmask), &vo.t, &vlse.t, &opt, stream_of(vq)));
+  check(evoattn_forward(&vq.t, &in.k.t, &in.v.t, ptr(in.mask_bias), ptr(in.pair_bias), ptr(in.mask), &vo.t,
+                        &vlse.t, &opt, stream_of(vq)));
   return {o, lse};
 }
 
@@ -233,13 +252,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> backward(
     std::optional<Tensor> pair_bias, std::optional<Tensor> mask, std::optional<double> scale, bool deterministic,
     bool allow_tf32, bool need_d_mask_bias, bool need_d_pair_bias) {
   const char* fn = "evoattn_backward";
-  const View vq = view_of(q, fn, "q"), vk = view_of(k, fn, "k"), vv = view_of(v, fn, "v");
-  const std::optional<View> vmb = view_of(mask_bias, fn, "mask_bias"), vpb = view_of(pair_bias, fn, "pair_bias"),
-                            vmask = view_of(mask, fn, "mask");
-  const std::optional<View>* biases[2] = {&vmb, &vpb};
+  const Inputs in = inputs_of(fn, q, k, v, mask_bias, pair_bias, mask);
+  const View& vq = in.q;
+  const std::optional<View>* biases[2] = {&in.mask_bias, &in.pair_bias};
   const bool need[2] = {need_d_mask_bias, need_d_pair_bias};
   const char* grad_names[2] = {"d_mask_bias", "d_pair_bias"};
-  Tensor dq = empty_like(vq), dk = empty_like(vk), dv = empty_like(vv);
+  Tensor dq = empty_like(vq), dk = empty_like(in.k), dv = empty_like(in.v);
   Tensor d_bias[2];
   std::optional<View> vd_bias[2];
   for (int i = 0; i < 2; ++i) {
@@ -255,8 +273,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> backward(
     d_bias[i] = empty_contiguous(b.t.ndim, b.t.sizes, b.torch_dtype, b);
     vd_bias[i] = view_of(d_bias[i], fn, grad_names[i]);
   }
-  if (is_empty_problem(vq, vk)) {
-    validate_empty({vq, vk, vv, vmb, vpb, vmask}, scale, deterministic, allow_tf32);
+  if (is_empty_problem(in)) {
+    validate_empty(in, scale, deterministic, allow_tf32);
     for (Tensor* g : {&dq, &dk, &dv, &d_bias[0], &d_bias[1]}) torch::stable::zero_(*g);
     return {dq, dk, dv, d_bias[0], d_bias[1]};
   }
@@ -264,14 +282,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> backward(
   const View vdq = view_of(dq, fn, "dq"), vdk = view_of(dk, fn, "dk"), vdv = view_of(dv, fn, "dv");
   const evoattn_options_t opt = options(scale, deterministic, allow_tf32, vq);
   size_t bytes = 0;
-  check(evoattn_backward_workspace_size(&vq.t, &vk.t, &vv.t, ptr(vmb), ptr(vpb), ptr(vmask), ptr(vd_bias[0]),
-                                        ptr(vd_bias[1]), &opt, &bytes));
+  check(evoattn_backward_workspace_size(&vq.t, &in.k.t, &in.v.t, ptr(in.mask_bias), ptr(in.pair_bias),
+                                        ptr(in.mask), ptr(vd_bias[0]), ptr(vd_bias[1]), &opt, &bytes));
   // One byte at least: a pointer PyTorch allocated, 16-byte aligned like every allocation.
   const int64_t ws_size[1] = {static_cast<int64_t>(std::max<size_t>(bytes, 1))};
   Tensor workspace = empty_contiguous(1, ws_size, aoti_torch_dtype_uint8(), vq);
-  check(evoattn_backward(&vdo.t, &vq.t, &vk.t, &vv.t, &vo.t, &vlse.t, ptr(vmb), ptr(vpb), ptr(vmask), &vdq.t,
-                         &vdk.t, &vdv.t, ptr(vd_bias[0]), ptr(vd_bias[1]), workspace.data_ptr(), bytes, &opt,
-                         stream_of(vq)));
+  check(evoattn_backward(&vdo.t, &vq.t, &in.k.t, &in.v.t, &vo.t, &vlse.t, ptr(in.mask_bias), ptr(in.pair_bias),
+                         ptr(in.mask), &vdq.t, &vdk.t, &vdv.t, ptr(vd_bias[0]), ptr(vd_bias[1]),
+                         workspace.data_ptr(), bytes, &opt, stream_of(vq)));
   return {dq, dk, dv, d_bias[0], d_bias[1]};
 }
 
