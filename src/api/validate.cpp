@@ -363,13 +363,13 @@ evoattn_status_t validate_backward(const char* fn, const BackwardArgs& a,
     EVOATTN_RETURN_IF_ERROR(c.sizes_are(names[s], g, biases[s]->sizes, "(those of the bias)"));
     if (need_data) EVOATTN_RETURN_IF_ERROR(c.non_overlapping(names[s], g));
   }
-  // The workspace is at most the row statistics (3 floats a row, row_stats_bytes in backend.h)
+  // The workspace is at most the row statistics (4 floats a row, row_stats_bytes in backend.h)
   // plus float32 buffers the size of dQ and of each requested bias gradient, and some
   // alignment: that bound, in checked arithmetic, so that no backend's size can wrap 64 bits.
   const Problem& p = *out;
   const uint64_t rows = uint64_t(p.B) * uint64_t(p.N) * uint64_t(p.H) * uint64_t(p.Lq);  // <= 2^60
   uint64_t floats = rows * uint64_t(p.D), bytes = 0;
-  bool overflow = __builtin_mul_overflow(rows, uint64_t{3}, &bytes);
+  bool overflow = __builtin_mul_overflow(rows, uint64_t{4}, &bytes);
   for (const evoattn_tensor_t* g : a.d_bias) {
     uint64_t n = 1;
     for (int i = 0; g != nullptr && i < 5; ++i) n *= uint64_t(g->sizes[i]);  // basic(): <= 2^60

@@ -2,12 +2,15 @@
 // (no atomics, so the result is bitwise identical for any thread count):
 //
 //   row statistics (workspace; see backend.h): Delta, row_max, row_log_sum
-//   P  = exp(scale Q K^T + biases - row_max - row_log_sum),  dS = P * (dO V^T - Delta)
+//   P  = exp(scale Q K^T + biases - row_max - row_log_sum),  dS = P * ((dO V^T - top_dp) - Delta)
+//   exact Delta (float32, tiny head dims): Delta = sum_j P (dP - top_dp) from the very P and dP
+//   tiles the passes below compute (backend.h says why)
 //   pass dK/dV : task (b, n, h, key block),   loop over query blocks: dV += P^T dO, dK += dS^T Q~
 //   pass dQ    : task (b, n, h, query block), loop over key blocks:   dQ += dS K, times scale
 //   pass dbias : task over the dimensions the bias keeps, loop over the ones it broadcasts on
 //
 // Q~ = scale * Q, so dK needs no final scale.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -25,26 +28,29 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t blocks(int64_t n, int block) { return (n + block - 1) / block; }
 
-// The three row-statistics arrays at the front of the workspace.
+// The row-statistics arrays at the front of the workspace (top_dp: null unless shifted_delta).
 struct RowStats {
   float* delta;
   float* row_max;
   float* row_log_sum;
+  float* top_dp;
 
   explicit RowStats(const BwdParams& p)
       : delta(static_cast<float*>(p.workspace)),
         row_max(delta + num_rows(p)),
-        row_log_sum(row_max + num_rows(p)) {}
+        row_log_sum(row_max + num_rows(p)),
+        top_dp(shifted_delta(p) ? row_log_sum + num_rows(p) : nullptr) {}
 };
 
 // The query side of a tile: scaled Q, dO and the row statistics for `rows` rows from i0.
 struct QueryTile {
-  std::vector<float> q, d_o, row_max, row_log_sum, delta;
+  std::vector<float> q, d_o, row_max, row_log_sum, delta, top_dp;
   int64_t i0 = 0;
   int rows = 0;
 
   explicit QueryTile(int D)
-      : q(kBlockQ * D), d_o(kBlockQ * D), row_max(kBlockQ), row_log_sum(kBlockQ), delta(kBlockQ) {}
+      : q(kBlockQ * D), d_o(kBlockQ * D), row_max(kBlockQ), row_log_sum(kBlockQ), delta(kBlockQ),
+        top_dp(kBlockQ) {}
 
   void load(const BwdParams& p, const RowStats& stats, int64_t b, int64_t n, int64_t h,
             int64_t first, int count) {
@@ -57,6 +63,7 @@ struct QueryTile {
       row_max[i] = stats.row_max[row + i];
       row_log_sum[i] = stats.row_log_sum[row + i];
       delta[i] = stats.delta[row + i];
+      top_dp[i] = stats.top_dp != nullptr ? stats.top_dp[row + i] : 0.0f;
     }
   }
 };
@@ -81,95 +88,136 @@ struct KeyTile {
   }
 };
 
-// P and dS (rows x cols, row-major) of one tile. Fully masked rows (row_max = -inf) contribute
-// nothing.
-void probs_and_dscores(const BwdParams& p, int64_t b, int64_t n, int64_t h, const QueryTile& qt,
-                       const KeyTile& kt, float* P, float* dS) {
+// P and dP (rows x cols, row-major) of one tile, and the scores when asked. Fully masked rows
+// (row_max = -inf) get 0 in P and dP: they contribute nothing.
+void probs_and_dprobs(const BwdParams& p, int64_t b, int64_t n, int64_t h, const QueryTile& qt,
+                      const KeyTile& kt, float* P, float* dP, float* scores_out = nullptr) {
   const int rows = qt.rows, cols = kt.cols;
-  matmul_abt(P, qt.q.data(), kt.kt.data(), cols, rows, cols, p.D);
-  add_biases(P, p, b, n, h, qt.i0, rows, kt.j0, cols);
-  matmul_abt(dS, qt.d_o.data(), kt.vt.data(), cols, rows, cols, p.D);
+  scores(P, qt.q.data(), kt.kt.data(), cols, p, b, n, h, qt.i0, rows, kt.j0, cols);
+  if (scores_out != nullptr) std::copy(P, P + rows * cols, scores_out);
+  matmul_abt(dP, qt.d_o.data(), kt.vt.data(), cols, rows, cols, p.D);
   for (int i = 0; i < rows; ++i) {
     float* pi = P + i * cols;
-    float* dsi = dS + i * cols;
+    float* dpi = dP + i * cols;
     if (qt.row_max[i] == kNegInf) {
-      for (int j = 0; j < cols; ++j) pi[j] = dsi[j] = 0.0f;
+      for (int j = 0; j < cols; ++j) pi[j] = dpi[j] = 0.0f;
       continue;
     }
+    for (int j = 0; j < cols; ++j) pi[j] = std::exp((pi[j] - qt.row_max[i]) - qt.row_log_sum[i]);
+  }
+}
+
+// P and dS = P * ((dP - top_dp) - Delta) of one tile.
+void probs_and_dscores(const BwdParams& p, int64_t b, int64_t n, int64_t h, const QueryTile& qt,
+                       const KeyTile& kt, float* P, float* dS) {
+  probs_and_dprobs(p, b, n, h, qt, kt, P, dS);
+  const int rows = qt.rows, cols = kt.cols;
+  for (int i = 0; i < rows; ++i) {
+    if (qt.row_max[i] == kNegInf) continue;
     for (int j = 0; j < cols; ++j) {
-      pi[j] = std::exp((pi[j] - qt.row_max[i]) - qt.row_log_sum[i]);
-      dsi[j] = pi[j] * (dsi[j] - qt.delta[i]);
+      dS[i * cols + j] = P[i * cols + j] * ((dS[i * cols + j] - qt.top_dp[i]) - qt.delta[i]);
     }
   }
 }
 
-// Row max and log-sum recomputed from one row's scores, and sum_j P dP when `want_delta`.
+// A row's max score and log sum_j exp(s_j - max), recomputed from its scores in one online pass.
 struct RowRecompute {
-  float row_max, row_log_sum, delta;
+  float row_max, row_log_sum;
 };
 
 RowRecompute recompute_row(const BwdParams& p, int64_t b, int64_t n, int64_t h, int64_t i,
-                           const float* q, const float* d_o, bool want_delta) {
+                           const float* q) {
   const int D = p.D;
   const RowSource k_src = row_source(p.k, p.dtype, p.k_stride, b, n, h);
-  const RowSource v_src = row_source(p.v, p.dtype, p.v_stride, b, n, h);
-  std::vector<float> kt(D * kBlockK), vt(D * kBlockK), s(kBlockK), dp(kBlockK);
-  // Online over key blocks: m = running max, l = sum exp(s - m), w = sum exp(s - m) dP.
-  float m = kNegInf, l = 0.0f, w = 0.0f;
+  std::vector<float> kt(D * kBlockK), s(kBlockK);
+  float m = kNegInf, l = 0.0f;  // running max, sum exp(s - m)
   for (int64_t j0 = 0; j0 < p.Lk; j0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, p.Lk - j0));
     load_rows_transposed(kt.data(), cols, k_src, j0, cols, D);
-    matmul_abt(s.data(), q, kt.data(), cols, 1, cols, D);
-    add_biases(s.data(), p, b, n, h, i, 1, j0, cols);
-    if (want_delta) {
-      load_rows_transposed(vt.data(), cols, v_src, j0, cols, D);
-      matmul_abt(dp.data(), d_o, vt.data(), cols, 1, cols, D);
-    }
+    scores(s.data(), q, kt.data(), cols, p, b, n, h, i, 1, j0, cols);
     float block_max = kNegInf;
     for (int j = 0; j < cols; ++j) block_max = std::fmax(block_max, s[j]);
     if (block_max == kNegInf) continue;
     if (block_max > m) {
-      const float alpha = std::exp(m - block_max);
-      l *= alpha;
-      w *= alpha;
+      l *= std::exp(m - block_max);
       m = block_max;
     }
-    for (int j = 0; j < cols; ++j) {
-      const float e = std::exp(s[j] - m);
-      l += e;
-      if (want_delta) w += e * dp[j];
-    }
+    for (int j = 0; j < cols; ++j) l += std::exp(s[j] - m);
   }
-  if (m == kNegInf) return RowRecompute{kNegInf, 0.0f, 0.0f};
-  return RowRecompute{m, std::log(l), w / l};
+  if (m == kNegInf) return RowRecompute{kNegInf, 0.0f};
+  return RowRecompute{m, std::log(l)};
 }
 
 void compute_row_stats(const BwdParams& p, const RowStats& stats) {
   const int D = p.D;
+  const bool delta_from_o = !exact_delta(p);
   parallel_for(p.B * p.N * p.H, p.num_threads, [&](int64_t task) {
     const int64_t h = task % p.H, n = task / p.H % p.N, b = task / (p.H * p.N);
     std::vector<float> o(kBlockQ * D), d_o(kBlockQ * D), q(kBlockQ * D);
     const int64_t lse_row = b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h;
     for (int64_t i0 = 0; i0 < p.Lq; i0 += kBlockQ) {
       const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.Lq - i0));
-      load_rows(o.data(), row_source(p.o, p.dtype, p.o_stride, b, n, h), i0, rows, D);
-      load_rows(d_o.data(), row_source(p.d_o, p.dtype, p.do_stride, b, n, h), i0, rows, D);
+      if (delta_from_o) {
+        load_rows(o.data(), row_source(p.o, p.dtype, p.o_stride, b, n, h), i0, rows, D);
+        load_rows(d_o.data(), row_source(p.d_o, p.dtype, p.do_stride, b, n, h), i0, rows, D);
+      }
       load_rows(q.data(), row_source(p.q, p.dtype, p.q_stride, b, n, h), i0, rows, D, p.scale);
       for (int i = 0; i < rows; ++i) {
         const int64_t row = task * p.Lq + i0 + i;
         const float lse = p.lse[lse_row + (i0 + i) * p.lse_stride_q];
         float sum = 0.0f;
-        for (int d = 0; d < D; ++d) sum += o[i * D + d] * d_o[i * D + d];
+        if (delta_from_o) {
+          for (int d = 0; d < D; ++d) sum += o[i * D + d] * d_o[i * D + d];
+        }
         stats.delta[row] = sum;
         stats.row_max[row] = lse;
         stats.row_log_sum[row] = 0.0f;
         if (!recompute_row_stats(lse, D)) continue;
-        const RowRecompute r = recompute_row(p, b, n, h, i0 + i, q.data() + i * D,
-                                             d_o.data() + i * D, D < kExactDeltaHeadDim);
+        const RowRecompute r = recompute_row(p, b, n, h, i0 + i, q.data() + i * D);
         stats.row_max[row] = r.row_max;
         stats.row_log_sum[row] = r.row_log_sum;
-        if (D < kExactDeltaHeadDim) stats.delta[row] = r.delta;
       }
+    }
+  });
+}
+
+// Delta = sum_j P (dP - top_dp) over the tiles of probs_and_dprobs, in key order, with top_dp
+// the dP of the highest score so far (shifted_delta; else 0). When a higher score comes, the sum
+// so far moves by (old top_dp - new top_dp) times the P summed so far: a rounding relative to
+// that P mass, small in the one-hot rows the shift is for.
+void exact_delta_pass(const BwdParams& p, const RowStats& stats) {
+  const int D = p.D;
+  const bool shift = stats.top_dp != nullptr;
+  const int64_t q_blocks = blocks(p.Lq, kBlockQ);
+  parallel_for(p.B * p.N * p.H * q_blocks, p.num_threads, [&](int64_t task) {
+    const int64_t qb = task % q_blocks, bnh = task / q_blocks;
+    const int64_t h = bnh % p.H, n = bnh / p.H % p.N, b = bnh / (p.H * p.N);
+    QueryTile qt(D);
+    KeyTile kt(D);
+    qt.load(p, stats, b, n, h, qb * kBlockQ,
+            static_cast<int>(std::min<int64_t>(kBlockQ, p.Lq - qb * kBlockQ)));
+    std::vector<float> S(kBlockQ * kBlockK), P(kBlockQ * kBlockK), dP(kBlockQ * kBlockK);
+    std::vector<float> delta(kBlockQ, 0.0f), mass(kBlockQ, 0.0f), top_s(kBlockQ, kNegInf);
+    std::vector<float> top_dp(kBlockQ, 0.0f);
+    for (int64_t j0 = 0; j0 < p.Lk; j0 += kBlockK) {
+      kt.load(p, b, n, h, j0, static_cast<int>(std::min<int64_t>(kBlockK, p.Lk - j0)), false);
+      probs_and_dprobs(p, b, n, h, qt, kt, P.data(), dP.data(), shift ? S.data() : nullptr);
+      for (int i = 0; i < qt.rows; ++i) {
+        for (int j = 0; j < kt.cols; ++j) {
+          const float pij = P[i * kt.cols + j], dpij = dP[i * kt.cols + j];
+          if (shift && S[i * kt.cols + j] > top_s[i]) {
+            delta[i] += (top_dp[i] - dpij) * mass[i];
+            top_s[i] = S[i * kt.cols + j];
+            top_dp[i] = dpij;
+          }
+          delta[i] += pij * (dpij - top_dp[i]);
+          mass[i] += pij;
+        }
+      }
+    }
+    for (int i = 0; i < qt.rows; ++i) {
+      stats.delta[bnh * p.Lq + qt.i0 + i] = delta[i];
+      if (shift) stats.top_dp[bnh * p.Lq + qt.i0 + i] = top_dp[i];
     }
   });
 }
@@ -279,6 +327,7 @@ void dbias_pass(const BwdParams& p, const RowStats& stats, const BiasGradParams&
 evoattn_status_t cpu_backward(const BwdParams& p) {
   const RowStats stats(p);
   compute_row_stats(p, stats);
+  if (exact_delta(p)) exact_delta_pass(p, stats);
   dk_dv_pass(p, stats);
   dq_pass(p, stats);
   for (const BiasGradParams& g : p.dbias) {

@@ -40,8 +40,7 @@ evoattn_status_t cpu_forward(const FwdParams& p) {
       const int cols = static_cast<int>(std::min<int64_t>(kBlockK, p.Lk - j0));
       load_rows_transposed(kt.data(), cols, k_src, j0, cols, D);
       load_rows(v.data(), v_src, j0, cols, D);
-      matmul_abt(s.data(), q.data(), kt.data(), cols, rows, cols, D);
-      add_biases(s.data(), p, b, n, h, i0, rows, j0, cols);
+      scores(s.data(), q.data(), kt.data(), cols, p, b, n, h, i0, rows, j0, cols);
       for (int i = 0; i < rows; ++i) {
         float* si = s.data() + i * cols;
         float row_max = kNegInf;

@@ -58,19 +58,26 @@ void store_rows(void* base, DType dtype, const SeqStrides& s, int64_t b, int64_t
   }
 }
 
-void add_biases(float* S, const FwdParams& p, int64_t b, int64_t n, int64_t h, int64_t i0,
-                int rows, int64_t j0, int cols) {
-  for (const BiasParams& bias : p.bias) {
-    if (bias.ptr == nullptr) continue;
-    const ScoreStrides& st = bias.stride;
-    const int64_t offset = b * st.b + n * st.n + h * st.h;
-    with_loader(bias.dtype, [&](auto load) {
-      for (int i = 0; i < rows; ++i) {
-        const int64_t row = offset + (i0 + i) * st.q + j0 * st.k;
-        float* s = S + i * cols;
-        for (int j = 0; j < cols; ++j) s[j] += load(bias.ptr, row + j * st.k);
-      }
-    });
+void scores(float* S, const float* Q, const float* Kt, int ldb, const FwdParams& p, int64_t b,
+            int64_t n, int64_t h, int64_t i0, int rows, int64_t j0, int cols) {
+  const int D = p.D;
+  double acc[kBlockK];
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < cols; ++j) acc[j] = 0.0;
+    for (int d = 0; d < D; ++d) {
+      const double a = Q[i * D + d];
+      const float* kt = Kt + d * ldb;
+      for (int j = 0; j < cols; ++j) acc[j] += a * kt[j];
+    }
+    for (const BiasParams& bias : p.bias) {
+      if (bias.ptr == nullptr) continue;
+      const ScoreStrides& st = bias.stride;
+      const int64_t row = b * st.b + n * st.n + h * st.h + (i0 + i) * st.q + j0 * st.k;
+      with_loader(bias.dtype, [&](auto load) {
+        for (int j = 0; j < cols; ++j) acc[j] += load(bias.ptr, row + j * st.k);
+      });
+    }
+    for (int j = 0; j < cols; ++j) S[i * cols + j] = static_cast<float>(acc[j]);
   }
 }
 

@@ -36,9 +36,12 @@ void load_rows_transposed(float* dst, int ld, const RowSource& src, int64_t r0, 
 void store_rows(void* base, DType dtype, const SeqStrides& s, int64_t b, int64_t n, int64_t h,
                 int64_t r0, int rows, int D, const float* src, float mul);
 
-// S[i * cols + j] += every bias of (b, n, h, i0 + i, j0 + j); a false mask entry gives -inf.
-void add_biases(float* S, const FwdParams& p, int64_t b, int64_t n, int64_t h, int64_t i0,
-                int rows, int64_t j0, int cols);
+// The scores of a tile: S[i * cols + j] = sum_d Q[i * D + d] Kt[d * ldb + j] plus every bias of
+// (b, n, h, i0 + i, j0 + j) (a false mask entry gives -inf), cols <= kBlockK. Summed in double
+// and rounded once: a float32 sum carries a rounding of |s| per term, and at large logits
+// (|s| ~ 1e4) those roundings were the gradients' largest error, twice the naive computation's.
+void scores(float* S, const float* Q, const float* Kt, int ldb, const FwdParams& p, int64_t b,
+            int64_t n, int64_t h, int64_t i0, int rows, int64_t j0, int cols);
 
 // C[i * N + j] = sum_d A[i * D + d] * Bt[d * ldb + j]
 void matmul_abt(float* C, const float* A, const float* Bt, int ldb, int M, int N, int D);

@@ -326,7 +326,7 @@ cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
 
 cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kSimtTile, cuda::kSimtTile);
-  if (cudaError_t e = cuda::run_row_stats<float>(p, false, true, nullptr, 0, stream)) return e;
+  if (cudaError_t e = cuda::run_simt_stats(p, stream)) return e;
   if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
   for (int slot = -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !p.dbias[slot].requested) continue;

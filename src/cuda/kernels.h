@@ -39,7 +39,7 @@ cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsT
 template <int kHeadDim>
 cudaError_t run_fwd_tf32(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 
-// The backward's row statistics (Delta, row max, row log-sum) for every dtype (row_stats.cu);
+// The backward's row statistics (Delta, row max, row log-sum) for 16-bit dtypes (row_stats.cu);
 // without `with_delta` only row max and row log-sum, and Delta marked pending
 // (LaunchPlan::delta_in_dkdv). It also zeroes `zero_count` ints at `zero` (the running-dQ
 // slots' busy flags) for the dK/dV kernel after it.
@@ -50,6 +50,7 @@ cudaError_t run_row_stats(const BwdParams& p, bool vec, bool with_delta, int* ze
 // float32 in IEEE arithmetic on the CUDA cores (simt_fp32.cu); tiles of 32 x 32.
 constexpr int kSimtTile = 32;
 cudaError_t run_simt_fwd(const FwdParams& p, cudaStream_t stream);
+cudaError_t run_simt_stats(const BwdParams& p, cudaStream_t stream);  // the row statistics
 cudaError_t run_simt_dkdv(const BwdParams& p, cudaStream_t stream);
 cudaError_t run_simt_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                           cudaStream_t stream);

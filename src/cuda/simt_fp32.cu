@@ -13,8 +13,16 @@ cudaError_t run_simt_fwd(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+cudaError_t run_simt_stats(const BwdParams& p, cudaStream_t stream) {
+  const size_t smem = 2 * simt::kTileBytes;
+  if (cudaError_t e = reserve_smem(simt::stats_kernel, smem)) return e;
+  const int64_t blocks = p.B * p.N * p.H * ((p.Lq + kSimtTile - 1) / kSimtTile);
+  simt::stats_kernel<<<static_cast<unsigned>(blocks), simt::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 cudaError_t run_simt_dkdv(const BwdParams& p, cudaStream_t stream) {
-  const size_t smem = 2 * simt::kTileBytes + 3 * kSimtTile * sizeof(float);
+  const size_t smem = 2 * simt::kTileBytes + 4 * kSimtTile * sizeof(float);
   if (cudaError_t e = reserve_smem(simt::dkdv_kernel, smem)) return e;
   const int64_t blocks = p.B * p.N * p.H * ((p.Lk + kSimtTile - 1) / kSimtTile);
   simt::dkdv_kernel<<<static_cast<unsigned>(blocks), simt::kThreads, smem, stream>>>(p);

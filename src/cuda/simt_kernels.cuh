@@ -4,9 +4,12 @@
 // partial sum and two shuffles. Tiles of 32 rows and 32 keys; scores in the log2 domain as every
 // CUDA kernel computes them (score_log2), exponentials by exp2f.
 //
-//   fwd  : block (b, n, h, 32 queries); online softmax over key tiles held in shared memory
-//   dkdv : block (b, n, h, 32 keys);    loop over query tiles: dV += P dO, dK += dS Q
-//   rows : as bwd_rows_kernel (dQ, or one bias gradient over its broadcast dimensions)
+//   fwd   : block (b, n, h, 32 queries); online softmax over key tiles held in shared memory
+//   stats : block (b, n, h, 32 queries); the backward's row statistics (backend.h) from the
+//           very scores and dP that dkdv and rows compute, bit for bit
+//   dkdv  : block (b, n, h, 32 keys);    loop over query tiles: dV += P dO, dK += dS Q
+//   rows  : as bwd_rows_kernel (dQ, or one bias gradient over its broadcast dimensions)
+// The backward's dS = P ((dP - top_dp) - Delta) (backend.h: shifted_delta).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -120,6 +123,90 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(const __grid_constant__ F
   }
 }
 
+// Where |LSE| >= kLseExactLimit (or D < kExactDeltaHeadDim), first the row's max score and
+// log2 sum over its keys; then, for every row, Delta = sum_j P (dP - top_dp) with top_dp the dP
+// of the highest score so far: a new top moves the sum by (old - new top_dp) times the P mass
+// so far, a rounding relative to that mass (small in the one-hot rows the shift is for).
+__global__ void __launch_bounds__(kThreads) stats_kernel(const __grid_constant__ BwdParams p) {
+  extern __shared__ float smem[];
+  float* sK = smem;
+  float* sV = smem + kRows * kSmemStride;
+  const int lane4 = threadIdx.x % 4;
+  int64_t blk = blockIdx.x;
+  const int64_t q_tiles = (p.Lq + kRows - 1) / kRows;
+  const int64_t i = (blk % q_tiles) * kRows + threadIdx.x / 4;
+  blk /= q_tiles;
+  const int64_t h = blk % p.H, n = blk / p.H % p.N, b = blk / (p.H * p.N);
+  const bool valid = i < p.Lq;
+
+  float q[kSlice], d_o[kSlice];
+  load_slice(q, seq_row(p.q, p.q_stride, b, n, h, valid ? i : 0), p.q_stride.d, valid, p.D, lane4);
+  load_slice(d_o, seq_row(p.d_o, p.do_stride, b, n, h, valid ? i : 0), p.do_stride.d, valid, p.D, lane4);
+  const float lse =
+      valid ? p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + i * p.lse_stride_q] : 0.0f;
+  float row_max = lse == neg_inf() ? -neg_inf() : lse * kLog2e, row_log_sum = 0.0f;
+  const bool recompute = valid && recompute_row_stats(lse, p.D);
+
+  if (__syncthreads_or(recompute)) {
+    float m = neg_inf(), l = 0.0f;  // running max, sum 2^(x - m)
+    for (int64_t j0 = 0; j0 < p.Lk; j0 += kRows) {
+      __syncthreads();
+      load_tile(sK, p.k, p.k_stride, b, n, h, j0, p.Lk, p.D);
+      __syncthreads();
+      for (int jj = 0; jj < kRows; ++jj) {
+        const int64_t j = j0 + jj;
+        const float dot = quad_dot(q, sK + jj * kSmemStride, lane4);
+        if (!recompute || j >= p.Lk) continue;
+        float key, tile;
+        bias_split_at(p, b, n, h, i, j, &key, &tile);
+        const float x = score_log2(dot, p.scale_log2, key * kLog2e, tile);
+        if (x == neg_inf()) continue;
+        if (x > m) {
+          l *= exp2f(m - x);
+          m = x;
+        }
+        l += exp2f(x - m);
+      }
+    }
+    if (recompute) {
+      row_max = m == neg_inf() ? -neg_inf() : m;
+      row_log_sum = m == neg_inf() ? 0.0f : log2f(l);
+    }
+  }
+
+  float delta = 0.0f, mass = 0.0f, top_x = neg_inf(), top_dp = 0.0f;
+  for (int64_t j0 = 0; j0 < p.Lk; j0 += kRows) {
+    __syncthreads();
+    load_tile(sK, p.k, p.k_stride, b, n, h, j0, p.Lk, p.D);
+    load_tile(sV, p.v, p.v_stride, b, n, h, j0, p.Lk, p.D);
+    __syncthreads();
+    for (int jj = 0; jj < kRows; ++jj) {
+      const int64_t j = j0 + jj;
+      const float dot = quad_dot(q, sK + jj * kSmemStride, lane4);
+      const float dp = quad_dot(d_o, sV + jj * kSmemStride, lane4);
+      if (!valid || j >= p.Lk) continue;
+      float key, tile;
+      bias_split_at(p, b, n, h, i, j, &key, &tile);
+      const float x = score_log2(dot, p.scale_log2, key * kLog2e, tile);
+      const float pr = exp2f((x - row_max) - row_log_sum);
+      if (x > top_x) {
+        delta += (top_dp - dp) * mass;
+        top_x = x;
+        top_dp = dp;
+      }
+      delta += pr * (dp - top_dp);
+      mass += pr;
+    }
+  }
+  if (!valid || lane4 != 0) return;
+  const int64_t rows = num_rows(p), row = ((b * p.N + n) * p.H + h) * p.Lq + i;
+  float* stats = static_cast<float*>(p.workspace);
+  stats[row] = delta;
+  stats[rows + row] = row_max;
+  stats[2 * rows + row] = row_log_sum;
+  stats[3 * rows + row] = top_dp;
+}
+
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ BwdParams p) {
   extern __shared__ float smem[];
   float* sQ = smem;
@@ -127,6 +214,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
   float* sRowMax = sdO + kRows * kSmemStride;  // log2 units (row_stats_kernel)
   float* sRowLogSum = sRowMax + kRows;
   float* sDelta = sRowLogSum + kRows;
+  float* sTopDp = sDelta + kRows;
   const int lane4 = threadIdx.x % 4;
   int64_t blk = blockIdx.x;
   const int64_t k_tiles = (p.Lk + kRows - 1) / kRows;
@@ -137,6 +225,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
   const float* delta = static_cast<const float*>(p.workspace) + ((b * p.N + n) * p.H + h) * p.Lq;
   const float* row_max = delta + num_rows(p);
   const float* row_log_sum = row_max + num_rows(p);
+  const float* top_dp = row_log_sum + num_rows(p);
 
   float kr[kSlice], vr[kSlice], dk[kSlice], dv[kSlice];
   load_slice(kr, seq_row(p.k, p.k_stride, b, n, h, valid ? j : 0), p.k_stride.d, valid, p.D, lane4);
@@ -151,6 +240,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
       sRowMax[threadIdx.x] = i < p.Lq ? row_max[i] : -neg_inf();
       sRowLogSum[threadIdx.x] = i < p.Lq ? row_log_sum[i] : 0.0f;
       sDelta[threadIdx.x] = i < p.Lq ? delta[i] : 0.0f;
+      sTopDp[threadIdx.x] = i < p.Lq ? top_dp[i] : 0.0f;
     }
     __syncthreads();
     for (int ii = 0; ii < kRows && i0 + ii < p.Lq; ++ii) {
@@ -160,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
       if (valid) bias_split_at(p, b, n, h, i0 + ii, j, &key, &tile);
       const float x = score_log2(quad_dot(kr, q, lane4), p.scale_log2, key * kLog2e, tile);
       const float pr = exp2f((x - sRowMax[ii]) - sRowLogSum[ii]);
-      const float ds = pr * (quad_dot(vr, d_o, lane4) - sDelta[ii]);
+      const float ds = pr * ((quad_dot(vr, d_o, lane4) - sTopDp[ii]) - sDelta[ii]);
       for (int k = 0; k < kSlice; ++k) {
         dv[k] += pr * d_o[lane4 + 4 * k];
         dk[k] += ds * q[lane4 + 4 * k];
@@ -188,7 +278,7 @@ __global__ void __launch_bounds__(kThreads)
   float q[kSlice], d_o[kSlice], dq[kSlice], acc[kRows / 4];
   for (int k = 0; k < kSlice; ++k) dq[k] = 0.0f;
   for (int e = 0; e < kRows / 4; ++e) acc[e] = 0.0f;
-  float row_max = 0.0f, row_log_sum = 0.0f, dlt = 0.0f;
+  float row_max = 0.0f, row_log_sum = 0.0f, dlt = 0.0f, top_dp = 0.0f;
   const TileCoord out = rows_coord(task, p, plan, blockIdx.x, 0);
   TileCoord prev{-1, -1, -1, -1, -1};
   for (int64_t it = 0; it < task.iters; ++it) {
@@ -203,6 +293,7 @@ __global__ void __launch_bounds__(kThreads)
       row_max = valid ? stats[num_rows(p)] : -neg_inf();
       row_log_sum = valid ? stats[2 * num_rows(p)] : 0.0f;
       dlt = valid ? stats[0] : 0.0f;
+      top_dp = valid ? stats[3 * num_rows(p)] : 0.0f;
     }
     prev = c;
     __syncthreads();
@@ -219,7 +310,7 @@ __global__ void __launch_bounds__(kThreads)
         float key, tile;
         bias_split_at(p, c.b, c.n, c.h, i, j, &key, &tile);
         const float x = score_log2(dot, p.scale_log2, key * kLog2e, tile);
-        ds = exp2f((x - row_max) - row_log_sum) * (dp - dlt);
+        ds = exp2f((x - row_max) - row_log_sum) * ((dp - top_dp) - dlt);
       }
       if (want_dq) {
         for (int k = 0; k < kSlice; ++k) dq[k] += ds * kr[lane4 + 4 * k];

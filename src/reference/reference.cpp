@@ -47,6 +47,11 @@ struct Problem {
   double rnd(double x) const {
     return precision == Precision::kNaiveInDtype ? round_to(dtype, static_cast<float>(x)) : x;
   }
+  // Rounds a running sum (or a softmax intermediate) to float32 in naive mode: the naive
+  // computation accumulates in float32, one fused multiply-add a term.
+  double acc(double x) const {
+    return precision == Precision::kNaiveInDtype ? static_cast<double>(static_cast<float>(x)) : x;
+  }
 
   double bias(int64_t b, int64_t n, int64_t h, int64_t i, int64_t j, double s) const {
     if (in.mask_bias) s = rnd(s + at(*in.mask_bias, {b, n, h, i, j}));
@@ -70,7 +75,7 @@ struct Problem {
       bool nan = false;
       for (int64_t j = 0; j < Lk; ++j) {
         double dot = 0.0;
-        for (int64_t d = 0; d < D; ++d) dot += at(*in.q, {b, n, i, h, d}) * at(*in.k, {b, n, j, h, d});
+        for (int64_t d = 0; d < D; ++d) dot = acc(dot + at(*in.q, {b, n, i, h, d}) * at(*in.k, {b, n, j, h, d}));
         double x = bias(b, n, h, i, j, rnd(in.scale * rnd(dot)));
         if (precision == Precision::kFloat32Scores) x = static_cast<float>(x);
         s[j] = x;
@@ -84,8 +89,8 @@ struct Problem {
       }
       if (m == -kInf) continue;  // fully masked row: P = 0, LSE = -inf
       double sum = 0.0;
-      for (int64_t j = 0; j < Lk; ++j) sum += std::exp(s[j] - m);
-      for (int64_t j = 0; j < Lk; ++j) P[i * Lk + j] = rnd(std::exp(s[j] - m) / sum);
+      for (int64_t j = 0; j < Lk; ++j) sum = acc(sum + acc(std::exp(acc(s[j] - m))));
+      for (int64_t j = 0; j < Lk; ++j) P[i * Lk + j] = rnd(acc(std::exp(acc(s[j] - m))) / sum);
       lse[i] = m + std::log(sum);
     }
   }
@@ -131,7 +136,7 @@ Forward forward(const Inputs& in, Precision precision) {
           double* o = &out.o[p.seq_index(b, n, i, h, p.Lq)];
           for (int64_t d = 0; d < p.D; ++d) {
             double acc = 0.0;
-            for (int64_t j = 0; j < p.Lk; ++j) acc += P[i * p.Lk + j] * at(*in.v, {b, n, j, h, d});
+            for (int64_t j = 0; j < p.Lk; ++j) acc = p.acc(acc + P[i * p.Lk + j] * at(*in.v, {b, n, j, h, d}));
             o[d] = p.rnd(acc);
           }
         }
@@ -159,12 +164,12 @@ Backward backward(const Inputs& in, const evoattn_tensor_t* d_o, bool want_d_mas
           double delta = 0.0;
           for (int64_t j = 0; j < p.Lk; ++j) {
             double dp = 0.0;
-            for (int64_t d = 0; d < p.D; ++d) dp += at(*d_o, {b, n, i, h, d}) * at(*in.v, {b, n, j, h, d});
+            for (int64_t d = 0; d < p.D; ++d) dp = p.acc(dp + at(*d_o, {b, n, i, h, d}) * at(*in.v, {b, n, j, h, d}));
             dS[i * p.Lk + j] = p.rnd(dp);
-            delta += P[i * p.Lk + j] * dS[i * p.Lk + j];
+            delta = p.acc(delta + P[i * p.Lk + j] * dS[i * p.Lk + j]);
           }
           for (int64_t j = 0; j < p.Lk; ++j) {
-            dS[i * p.Lk + j] = p.rnd(P[i * p.Lk + j] * (dS[i * p.Lk + j] - delta));
+            dS[i * p.Lk + j] = p.rnd(P[i * p.Lk + j] * p.acc(dS[i * p.Lk + j] - delta));
           }
         }
         for (int64_t j = 0; j < p.Lk; ++j) {
@@ -173,8 +178,8 @@ Backward backward(const Inputs& in, const evoattn_tensor_t* d_o, bool want_d_mas
           for (int64_t d = 0; d < p.D; ++d) {
             double acc_k = 0.0, acc_v = 0.0;
             for (int64_t i = 0; i < p.Lq; ++i) {
-              acc_k += p.rnd(in.scale * dS[i * p.Lk + j]) * at(*in.q, {b, n, i, h, d});
-              acc_v += P[i * p.Lk + j] * at(*d_o, {b, n, i, h, d});
+              acc_k = p.acc(acc_k + p.rnd(in.scale * dS[i * p.Lk + j]) * at(*in.q, {b, n, i, h, d}));
+              acc_v = p.acc(acc_v + P[i * p.Lk + j] * at(*d_o, {b, n, i, h, d}));
             }
             dk[d] = acc_k;
             dv[d] = acc_v;
@@ -185,18 +190,24 @@ Backward backward(const Inputs& in, const evoattn_tensor_t* d_o, bool want_d_mas
           for (int64_t d = 0; d < p.D; ++d) {
             double acc = 0.0;
             for (int64_t j = 0; j < p.Lk; ++j) {
-              acc += p.rnd(in.scale * dS[i * p.Lk + j]) * at(*in.k, {b, n, j, h, d});
+              acc = p.acc(acc + p.rnd(in.scale * dS[i * p.Lk + j]) * at(*in.k, {b, n, j, h, d}));
             }
             dq[d] = acc;
           }
           for (int64_t j = 0; j < p.Lk; ++j) {
             const int64_t idx[5] = {b, n, h, i, j};
-            if (want_d_mask_bias) out.d_mask_bias[bias_grad_index(*in.mask_bias, idx)] += dS[i * p.Lk + j];
-            if (want_d_pair_bias) out.d_pair_bias[bias_grad_index(*in.pair_bias, idx)] += dS[i * p.Lk + j];
+            if (want_d_mask_bias) {
+              double& g = out.d_mask_bias[bias_grad_index(*in.mask_bias, idx)];
+              g = p.acc(g + dS[i * p.Lk + j]);
+            }
+            if (want_d_pair_bias) {
+              double& g = out.d_pair_bias[bias_grad_index(*in.pair_bias, idx)];
+              g = p.acc(g + dS[i * p.Lk + j]);
+            }
           }
         }
       }
-  // dK, dV and the bias sums are each one reduction: round once at the end in naive mode.
+  // dK, dV and the bias sums are each one float32 reduction: round to the dtype at the end.
   for (auto* v : {&out.dq, &out.dk, &out.dv, &out.d_mask_bias, &out.d_pair_bias})
     for (double& x : *v) x = p.rnd(x);
   return out;

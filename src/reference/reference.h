@@ -12,7 +12,7 @@ namespace evoattn::ref {
 enum class Precision {
   kFloat64,        // every operation in double
   kFloat32Scores,  // as kFloat64, but each score rounded to float32 (docs/CONTRACT.md: -1e9 rows)
-  kNaiveInDtype,   // matmul, softmax, matmul with each result rounded to the input dtype
+  kNaiveInDtype,   // matmul, softmax, matmul: float32 sums, each result rounded to the input dtype
 };
 
 struct Inputs {

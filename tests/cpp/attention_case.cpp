@@ -192,6 +192,8 @@ std::string Case::name() const {
   if (nan_inputs) s << "_nan";
   if (key_ramp != 0.0) s << "_ramp" << static_cast<int>(key_ramp * 100);
   if (tf32) s << "_tf32";
+  if (logit_scale != 0.0) s << "_logits" << static_cast<int64_t>(logit_scale);
+  if (one_hot_rows) s << "_onehot";
   s << "_s" << seed;
   return s.str();
 }
@@ -247,8 +249,10 @@ Inputs make_inputs(const Case& c) {
   in.k = make_tensor({c.B, c.N, c.Lk, c.H, c.D}, c.dtype, c.layout);
   in.v = make_tensor({c.B, c.N, c.Lk, c.H, c.D}, c.dtype, c.layout);
   in.d_o = make_tensor({c.B, c.N, c.Lq, c.H, c.D}, c.dtype, c.layout);
-  util::fill_uniform(in.q.view, rng, -2.0, 2.0);  // scores of standard deviation ~1.3
-  util::fill_uniform(in.k.view, rng, -2.0, 2.0);
+  const double q_range = c.logit_scale != 0.0 ? c.logit_scale : 2.0;
+  const double k_range = c.logit_scale != 0.0 ? 1.0 : 2.0;
+  util::fill_uniform(in.q.view, rng, -q_range, q_range);  // by default scores of std. dev. ~1.3
+  util::fill_uniform(in.k.view, rng, -k_range, k_range);
   util::fill_uniform(in.v.view, rng, -1.0, 1.0);
   util::fill_uniform(in.d_o.view, rng, -1.0, 1.0);
   const std::vector<int64_t> full = {c.B, c.N, c.H, c.Lq, c.Lk};
@@ -268,6 +272,16 @@ Inputs make_inputs(const Case& c) {
     in.pair_bias = make_bias(c.pair_bias, full, bias_dtype, c.layout);
     util::fill_uniform(in.pair_bias.view, rng, -2.0, 2.0);
     if (c.key_ramp != 0.0 && c.mask_bias.empty()) add_key_ramp(in.pair_bias);
+    if (c.one_hot_rows) {
+      std::vector<double> values = util::to_doubles(in.pair_bias.view);  // logical order: k last
+      const int64_t keys = in.pair_bias.view.sizes[4];
+      std::uniform_real_distribution<double> gap(20.0, 60.0);
+      for (size_t row = 0; row < values.size(); row += keys) {
+        const int64_t top = static_cast<int64_t>(rng() % static_cast<uint64_t>(keys));
+        for (int64_t j = 0; j < keys; ++j) values[row + j] = j == top ? 0.0 : -gap(rng);
+      }
+      util::from_doubles(in.pair_bias.view, values);
+    }
   }
   if (c.mask.size() == 3) {
     in.mask = make_tensor({c.mask[0] == '1' ? 1 : c.B, c.mask[1] == '1' ? 1 : c.N, c.Lk},

@@ -68,6 +68,14 @@ struct Case {
   // reference max, or keeps it within slack).
   double key_ramp = 0.0;
   bool tf32 = false;                        // options.allow_tf32 (float32 inputs)
+  // Nonzero: q ~ U(-s, s) and k ~ U(-1, 1), so scores spread over about s / 3 and each row's
+  // softmax nears one-hot as s grows (the float32 large-logit cases).
+  double logit_scale = 0.0;
+  // The pair bias 0 at one random key of each of its rows and U(-60, -20) at the others: every
+  // row's P is one-hot to within e^-20, below float32's resolution of 1, so dS = P (dP - Delta)
+  // is a difference of nearly equal numbers in every row (needs a pair bias).
+  bool one_hot_rows = false;
+  bool cap_only = false;  // every output held to the contract's cap, whatever the naive error
   uint64_t seed = 0;
 
   Case& biases(std::string mb, std::string pb);

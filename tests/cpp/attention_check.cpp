@@ -1,7 +1,9 @@
 // the contract's numerics rule applied to one case: the library's outputs against the float64 reference.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
+#include <iostream>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -60,14 +62,22 @@ class Checker {
   explicit Checker(const Case& c) : c_(c) {}
 
   // the contract's rule: error <= cap and error <= 2 x (naive error) + floor, errors relative to
-  // ||want|| or to `scale` when given.
+  // ||want|| or to `scale` when given; where 2 x (naive error) passes the cap, only the latter.
   void compare(const std::string& name, const std::vector<double>& got,
                const std::vector<double>& want, const std::vector<double>& naive, double floor,
                double scale = 0.0) {
     Row r{name, error_of(got, want, scale), error_of(naive, want, scale), 0.0};
     // With TF32 the naive computation is the IEEE float32 one (this harness has no TF32
     // matmul), far more exact than any TF32 product: the contract's TF32 cap alone applies.
-    r.bound = c_.tf32 ? spec_cap(c_) : std::min(spec_cap(c_), 2.0 * r.naive + floor);
+    // The cap assumes the naive computation meets it. Where that is itself more than half the
+    // cap off (float32 scores of |s| ~ 1e4, where one rounding of s moves P by 5e-4), no
+    // computation in the dtype can: twice the naive error is then the rule (docs/CONTRACT.md).
+    const double cap = spec_cap(c_);
+    if (c_.tf32 || c_.cap_only) {
+      r.bound = cap;
+    } else {
+      r.bound = 2.0 * r.naive >= cap ? 2.0 * r.naive + floor : std::min(cap, 2.0 * r.naive + floor);
+    }
     failed_ |= !(r.error <= r.bound);
     rows_.push_back(r);
   }
@@ -85,9 +95,10 @@ class Checker {
     notes_ << "  " << what << "\n";
   }
 
-  // Reports every comparison if any of them failed.
+  // Reports every comparison if any of them failed, or always with EVOATTN_TEST_REPORT=1.
   void report() const {
-    if (!failed_) return;
+    const char* always = std::getenv("EVOATTN_TEST_REPORT");
+    if (!failed_ && !(always != nullptr && std::string(always) == "1")) return;
     std::ostringstream s;
     s << "case " << c_.name() << " (seed " << c_.seed << ")\n"
       << "  output             error      naive err  bound      (cap " << spec_cap(c_)
@@ -97,7 +108,11 @@ class Checker {
         << r.error << std::setw(11) << r.naive << std::setw(11) << r.bound
         << (r.error <= r.bound ? "ok" : "FAIL") << "\n";
     }
-    ADD_FAILURE() << s.str() << notes_.str();
+    if (failed_) {
+      ADD_FAILURE() << s.str() << notes_.str();
+    } else {
+      std::cout << s.str();
+    }
   }
 
  private:
