@@ -9,17 +9,22 @@ import pytest
 pytest.importorskip("evoattn", reason="evoattn is not installed (pip install .)")
 
 
-@pytest.mark.parametrize("name", ["evoattn.torch", "evoattn.jax"])
+# Each front-end module and the framework it needs.
+MODULES = {"evoattn.torch": "torch", "evoattn.jax": "jax", "evoattn.distributed": "torch",
+           "evoattn.jax_distributed": "jax"}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
 def test_docstring_examples_run(name):
-    pytest.importorskip(name.split(".")[1])
+    pytest.importorskip(MODULES[name])
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
 
 
-@pytest.mark.parametrize("name", ["evoattn.torch", "evoattn.jax"])
+@pytest.mark.parametrize("name", sorted(MODULES))
 def test_public_functions_are_documented_and_annotated(name):
-    pytest.importorskip(name.split(".")[1])
+    pytest.importorskip(MODULES[name])
     module = importlib.import_module(name)
     for fn_name in module.__all__:
         fn = getattr(module, fn_name)
