@@ -46,10 +46,10 @@ if want sanitize; then
   # the pair-bias gradient's walk over n at
   # head dim 64 with one barrier per n (B1N8H2 Lq64Lk64 D64), the row statistics four rows a
   # thread with -1e9 rows recomputed (B1N64H4 Lq65Lk128 D64), infinite and -1e9 pair biases,
-  # the TF32 forward, and the TMA forward against the cp.async one (its partial tiles at D 64
-  # and 48).
+  # the TF32 forward, the TMA forward against the cp.async one (its partial tiles at D 64
+  # and 48), and the float32 row statistics of one-hot rows (simt::stats_kernel).
   tests="$BUILD/tests/cpp/evoattn_tests"
-  filter='*cuda_bf16*Lq17*:*cuda_fp16*Lq2Lk2*:*cuda_fp32*Lq17Lk17*:*cuda_bf16_B1N64H4_Lq130Lk136*:*cuda_bf16_B1N128H2_Lq40Lk200*:*cuda_bf16_B2N2H1_Lq65Lk200_D64*:*cuda_bf16_B1N130H2_Lq70Lk136_D64*:*cuda_bf16_B1N65H8_Lq70Lk64_D64*:*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*cuda_bf16_B1N513H1_*:*cuda_bf16_B1N529H1_*:*cuda_bf16_B1N256H2_Lq70Lk72_D24*:*cuda_bf16_B2N3H2_Lq70Lk72_D32*reversed*:*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*cuda_bf16_B2N1H2_Lq136Lk72*:*cuda_bf16_B2N1H2_Lq80Lk136_D24*:*cuda_bf16_B2N1H2_Lq80Lk128_D24*:*cuda_bf16_B1N64H4_Lq40Lk392*:*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*cuda_fp16_B1N128H2_Lq70Lk200_D24*:*cuda_bf16_B1N16H2_Lq100Lk240*:*cuda_bf16_B1N4H2_Lq100Lk240_D48*:*cuda_bf16_B1N32H8_Lq40Lk200_D64*:*cuda_bf16_B1N64H4_Lq70Lk200_D48*:*cuda_bf16_B1N64H4_Lq66Lk384_D64*:*cuda_bf16_B1N8H2_Lq64Lk64_D64*:*cuda_bf16_B1N64H4_Lq65Lk128_D64*rows1e9*:*cuda_*pairinf*:*cuda_*pair1e9*:*Tf32*cuda*:*Determinism*Tma*cuda*'
+  filter='*cuda_bf16*Lq17*:*cuda_fp16*Lq2Lk2*:*cuda_fp32*Lq17Lk17*:*cuda_bf16_B1N64H4_Lq130Lk136*:*cuda_bf16_B1N128H2_Lq40Lk200*:*cuda_bf16_B2N2H1_Lq65Lk200_D64*:*cuda_bf16_B1N130H2_Lq70Lk136_D64*:*cuda_bf16_B1N65H8_Lq70Lk64_D64*:*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*cuda_bf16_B1N513H1_*:*cuda_bf16_B1N529H1_*:*cuda_bf16_B1N256H2_Lq70Lk72_D24*:*cuda_bf16_B2N3H2_Lq70Lk72_D32*reversed*:*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*cuda_bf16_B2N1H2_Lq136Lk72*:*cuda_bf16_B2N1H2_Lq80Lk136_D24*:*cuda_bf16_B2N1H2_Lq80Lk128_D24*:*cuda_bf16_B1N64H4_Lq40Lk392*:*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*cuda_fp16_B1N128H2_Lq70Lk200_D24*:*cuda_bf16_B1N16H2_Lq100Lk240*:*cuda_bf16_B1N4H2_Lq100Lk240_D48*:*cuda_bf16_B1N32H8_Lq40Lk200_D64*:*cuda_bf16_B1N64H4_Lq70Lk200_D48*:*cuda_bf16_B1N64H4_Lq66Lk384_D64*:*cuda_bf16_B1N8H2_Lq64Lk64_D64*:*cuda_bf16_B1N64H4_Lq65Lk128_D64*rows1e9*:*cuda_*pairinf*:*cuda_*pair1e9*:*Tf32*cuda*:*Determinism*Tma*cuda*:*ExtremeLogits*cuda_fp32*onehot*'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" --gtest_filter="$filter" \
       > "$OUT/sanitizer_$tool.log" 2>&1

@@ -167,7 +167,15 @@ void bind_core(nb::module_& m) {
   m.attr("ERROR_UNSUPPORTED") = static_cast<int>(EVOATTN_ERROR_UNSUPPORTED);
   m.attr("ERROR_WORKSPACE_TOO_SMALL") = static_cast<int>(EVOATTN_ERROR_WORKSPACE_TOO_SMALL);
 
-  m.def("status_string", [](int status) { return std::string(evoattn_status_string(static_cast<evoattn_status_t>(status))); },
+  m.def("status_string",
+        [](int32_t status) {
+          // Stored by bytes: any int reaches the C function as it would from C (a cast to the
+          // C++ enum of a value outside it is undefined).
+          evoattn_status_t code;
+          static_assert(sizeof code == sizeof status, "the C API's enums are 32-bit");
+          std::memcpy(&code, &status, sizeof code);
+          return std::string(evoattn_status_string(code));
+        },
         "evoattn_status_string: the name of a status code.");
   m.def("version", [] { return evoattn_version(); });
   m.def("version_string", [] { return std::string(evoattn_version_string()); });

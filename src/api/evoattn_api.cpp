@@ -1,6 +1,7 @@
 // The C entry points: options -> validate -> make Params -> backend. Nothing else.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <new>
 
 #include "api/error.h"
@@ -133,7 +134,12 @@ evoattn_status_t evoattn_backward(
 const char* evoattn_last_error(void) { return last_error(); }
 
 const char* evoattn_status_string(evoattn_status_t status) {
-  switch (status) {
+  // Read as an int: a C caller may pass any code, and loading one outside the enumeration as
+  // the C++ enum is undefined (UBSan's "not a valid value for type 'evoattn_status_t'").
+  int32_t code;
+  static_assert(sizeof code == sizeof status, "the C API's enums are 32-bit");
+  std::memcpy(&code, &status, sizeof code);
+  switch (code) {
     case EVOATTN_SUCCESS: return "success";
     case EVOATTN_ERROR_INVALID_ARGUMENT: return "invalid argument";
     case EVOATTN_ERROR_UNSUPPORTED: return "unsupported";

@@ -142,6 +142,25 @@ TEST(Npy, OnlyRegularFilesAreOpened) {
   }
 }
 
+TEST(Npy, ParseNpyReadsTheSameBytesAsReadNpy) {
+  TempDir dir;
+  NpyArray written = make_npy(NpyDType::kFloat16, {2, 3}, sample_values(6));
+  written.fortran_order = true;
+  write_npy((dir / "a.npy").string(), written, 2);
+  const NpyArray from_file = read_npy((dir / "a.npy").string());
+  const NpyArray from_bytes = parse_npy(read_all(dir / "a.npy"), "in-memory");
+  EXPECT_EQ(from_bytes.dtype, from_file.dtype);
+  EXPECT_EQ(from_bytes.shape, from_file.shape);
+  EXPECT_EQ(from_bytes.fortran_order, from_file.fortran_order);
+  EXPECT_EQ(from_bytes.data, from_file.data);
+  try {
+    parse_npy("\x93NUMPY", "in-memory");
+    ADD_FAILURE() << "a truncated file was parsed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("in-memory: "), std::string::npos) << e.what();
+  }
+}
+
 struct Malformed {
   const char* name;
   std::string bytes;

@@ -29,7 +29,13 @@ TEST(ApiInfo, StatusStrings) {
     EXPECT_STRNE(evoattn_status_string(s), "unknown status") << s;
   }
   EXPECT_STREQ(evoattn_status_string(EVOATTN_SUCCESS), "success");
+}
+
+// A C caller may pass any int; the library reads it as one (under UBSan, a switch on the C++
+// enum reported this load of 99 as undefined).
+TEST(ApiInfo, StatusStringOfAnUnknownCodeIsUnknownStatus) {
   EXPECT_STREQ(evoattn_status_string(static_cast<evoattn_status_t>(99)), "unknown status");
+  EXPECT_STREQ(evoattn_status_string(static_cast<evoattn_status_t>(-1)), "unknown status");
 }
 
 TEST(ApiInfo, OptionsDefaults) {

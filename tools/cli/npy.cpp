@@ -277,7 +277,10 @@ NpyArray read_npy(const std::string& path) {
   if (!file) fail(path, std::string("cannot open: ") + std::strerror(errno));
   const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   if (file.bad()) fail(path, "read error");
+  return parse_npy(bytes, path);
+}
 
+NpyArray parse_npy(const std::string& bytes, const std::string& path) {
   if (bytes.size() < kMagicSize + 2 || bytes.compare(0, kMagicSize, kMagic, kMagicSize) != 0) {
     fail(path, "not a .npy file (wrong magic string)");
   }

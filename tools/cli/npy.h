@@ -26,6 +26,8 @@ struct NpyArray {
 };
 
 NpyArray read_npy(const std::string& path);
+// The same from the file's bytes in memory; `path` only names the file in messages.
+NpyArray parse_npy(const std::string& bytes, const std::string& path);
 // Writes `array` with a header of format `version` (1, 2 or 3).
 void write_npy(const std::string& path, const NpyArray& array, int version = 1);
 // A C-order array of `dtype` holding `values` (row-major), each rounded to the dtype.
