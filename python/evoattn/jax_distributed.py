@@ -79,6 +79,15 @@ def _placed(args, specs, mesh):
                  for x, spec in zip(args, specs))
 
 
+def _swap_sharded_dim(x, mesh, axis, sharded_dim, new_dim):
+    """The same global array, its sharding along ``axis`` moved from sharded_dim to new_dim."""
+    src, dst = [None] * x.ndim, [None] * x.ndim
+    src[sharded_dim], dst[new_dim] = axis, axis
+    return jax.shard_map(
+        lambda s: jax.lax.all_to_all(s, axis, split_axis=new_dim, concat_axis=sharded_dim, tiled=True),
+        mesh=mesh, in_specs=P(*src), out_specs=P(*dst))(*_placed((x,), (P(*src),), mesh))
+
+
 def row_to_col(x: jax.Array, *, mesh: Mesh, axis: str, row_dim: int = 1,
                col_dim: int = 2) -> jax.Array:
     """Row-sharded to column-sharded (DAP's all-to-all); differentiable.
@@ -100,13 +109,7 @@ def row_to_col(x: jax.Array, *, mesh: Mesh, axis: str, row_dim: int = 1,
         >>> row_to_col(jnp.zeros((1, 4, 8, 16)), mesh=mesh, axis="rows").shape
         (1, 4, 8, 16)
     """
-    src = [None] * x.ndim
-    dst = [None] * x.ndim
-    src[row_dim] = axis
-    dst[col_dim] = axis
-    return jax.shard_map(
-        lambda s: jax.lax.all_to_all(s, axis, split_axis=col_dim, concat_axis=row_dim, tiled=True),
-        mesh=mesh, in_specs=P(*src), out_specs=P(*dst))(*_placed((x,), (P(*src),), mesh))
+    return _swap_sharded_dim(x, mesh, axis, row_dim, col_dim)
 
 
 def col_to_row(x: jax.Array, *, mesh: Mesh, axis: str, row_dim: int = 1,
@@ -130,10 +133,4 @@ def col_to_row(x: jax.Array, *, mesh: Mesh, axis: str, row_dim: int = 1,
         >>> col_to_row(jnp.zeros((1, 4, 8, 16)), mesh=mesh, axis="rows").shape
         (1, 4, 8, 16)
     """
-    src = [None] * x.ndim
-    dst = [None] * x.ndim
-    src[col_dim] = axis
-    dst[row_dim] = axis
-    return jax.shard_map(
-        lambda s: jax.lax.all_to_all(s, axis, split_axis=row_dim, concat_axis=col_dim, tiled=True),
-        mesh=mesh, in_specs=P(*src), out_specs=P(*dst))(*_placed((x,), (P(*src),), mesh))
+    return _swap_sharded_dim(x, mesh, axis, col_dim, row_dim)
