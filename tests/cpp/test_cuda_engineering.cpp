@@ -2,11 +2,13 @@
 // same bytes (dQ in its own pass and in the dK/dV pass); 64-bit indexing with a tensor of more
 // than 2^31 elements; the backward workspace within the contract's bound; the kernel variants of GPUs
 // with less shared memory. Skipped without a GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -240,10 +242,11 @@ TEST(LargeIndex, PairBiasBeyond2To31Elements) {
 }
 
 
-// docs/CONTRACT.md: the backward's workspace is at most float32 buffers the size of dQ plus one per
-// requested bias gradient. Descriptors only (the size query reads no data): the suite's shapes
-// and a few edges, with the gradients the bench asks for and with both. The query with
-// descriptors whose data is NULL (JAX sizes the workspace at trace time so) gives the same size.
+// docs/CONTRACT.md: the backward's workspace is at most float32 buffers the size of dQ (four
+// floats a query row where D < 4) plus one per requested bias gradient. Descriptors only (the
+// size query reads no data): the suite's shapes and a few edges, in bfloat16 and float32, with
+// the gradients the bench asks for and with both. The query with descriptors whose data is NULL
+// (JAX sizes the workspace at trace time so) gives the same size.
 TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
   if (backend_missing(Backend::kCuda)) GTEST_SKIP() << kNoCudaMessage;
   struct Shape {
@@ -258,17 +261,22 @@ TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
       {"apb768", 1, 1, 768, 16, 24, false, true},   {"tri256d64", 1, 256, 256, 8, 64, true, true},
       {"b4tri384", 4, 384, 384, 4, 32, true, true}, {"d128", 1, 64, 200, 4, 128, true, true},
       {"one_key_tile", 1, 300, 40, 4, 32, true, true}, {"odd_d", 2, 70, 130, 3, 20, true, true},
-      {"tiny", 1, 1, 4, 1, 8, true, true},
+      {"tiny", 1, 1, 4, 1, 8, true, true},   {"d2", 1, 8, 40, 2, 2, true, false},
+      {"d3", 1, 8, 40, 2, 3, false, false},
   };
+  std::vector<std::pair<evoattn_dtype_t, Shape>> cases;
+  for (evoattn_dtype_t dtype : {EVOATTN_BFLOAT16, EVOATTN_FLOAT32}) {
+    for (const Shape& s : shapes) cases.emplace_back(dtype, s);
+  }
   auto desc = [](const std::vector<int64_t>& sizes, evoattn_dtype_t dtype) {
     void* never_read = reinterpret_cast<void*>(uintptr_t{1} << 36);  // 256-byte aligned
     return util::make_view(never_read, dtype, sizes, util::contiguous_strides(sizes), kGpu);
   };
-  for (const Shape& s : shapes) {
-    const evoattn_tensor_t q = desc({s.B, s.N, s.L, s.H, s.D}, EVOATTN_BFLOAT16);
-    const evoattn_tensor_t mb = desc({s.B, s.N, 1, 1, s.L}, EVOATTN_BFLOAT16);
-    const evoattn_tensor_t pb = desc({s.B, 1, s.H, s.L, s.L}, EVOATTN_BFLOAT16);
-    const double dq_floats = static_cast<double>(s.B * s.N * s.L * s.H * s.D);
+  for (const auto& [dtype, s] : cases) {
+    const evoattn_tensor_t q = desc({s.B, s.N, s.L, s.H, s.D}, dtype);
+    const evoattn_tensor_t mb = desc({s.B, s.N, 1, 1, s.L}, dtype);
+    const evoattn_tensor_t pb = desc({s.B, 1, s.H, s.L, s.L}, dtype);
+    const double dq_floats = static_cast<double>(s.B * s.N * s.L * s.H * std::max<int64_t>(s.D, 4));
     for (bool mask_grad : {false, true}) {
       if (mask_grad && !s.mask) continue;
       const evoattn_tensor_t* dmb = mask_grad ? &mb : nullptr;
@@ -282,7 +290,8 @@ TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
       const double bound = 4.0 * (dq_floats + (mask_grad ? s.B * s.N * s.L : 0) +
                                   (s.pair ? s.B * s.H * s.L * s.L : 0));
       EXPECT_LE(static_cast<double>(bytes), bound)
-          << s.name << (mask_grad ? " with d_mask_bias" : "") << ": workspace " << bytes
+          << s.name << " " << util::dtype_name(dtype) << (mask_grad ? " with d_mask_bias" : "")
+          << ": workspace " << bytes
           << " bytes, contract bound " << bound;
       evoattn_tensor_t q0 = q, mb0 = mb, pb0 = pb;
       q0.data = mb0.data = pb0.data = nullptr;
@@ -293,7 +302,8 @@ TEST(Workspace, WithinSpecBoundOnSuiteShapes) {
                                                 nullptr, &bytes_without_data),
                 EVOATTN_SUCCESS)
           << s.name << ": " << evoattn_last_error();
-      EXPECT_EQ(bytes_without_data, bytes) << s.name << (mask_grad ? " with d_mask_bias" : "")
+      EXPECT_EQ(bytes_without_data, bytes) << s.name << " " << util::dtype_name(dtype)
+                                           << (mask_grad ? " with d_mask_bias" : "")
                                            << ": size query without data";
     }
   }
