@@ -70,17 +70,27 @@ __device__ __forceinline__ float quad_dot(const float (&x)[kSlice], const float*
   return quad_sum(acc);
 }
 
+// This thread's row in the blocks of fwd, stats and dkdv: blocks run over (b, n, h, tile of
+// kRows rows along a length `len` axis), a quad a row; `valid` below `len`.
+struct QuadRow {
+  int64_t b, n, h, row;
+  bool valid;
+};
+
+__device__ __forceinline__ QuadRow quad_row(const FwdParams& p, int64_t len) {
+  const int64_t tiles = (len + kRows - 1) / kRows, blk = blockIdx.x;
+  const int64_t row = (blk % tiles) * kRows + threadIdx.x / 4, bnh = blk / tiles;
+  return QuadRow{bnh / (p.H * p.N), bnh / p.H % p.N, bnh % p.H, row, row < len};
+}
+
 __global__ void __launch_bounds__(kThreads) fwd_kernel(const __grid_constant__ FwdParams p) {
   extern __shared__ float smem[];
   float* sK = smem;
   float* sV = smem + kRows * kSmemStride;
   const int lane4 = threadIdx.x % 4;
-  int64_t blk = blockIdx.x;
-  const int64_t q_tiles = (p.Lq + kRows - 1) / kRows;
-  const int64_t i = (blk % q_tiles) * kRows + threadIdx.x / 4;
-  blk /= q_tiles;
-  const int64_t h = blk % p.H, n = blk / p.H % p.N, b = blk / (p.H * p.N);
-  const bool valid = i < p.Lq;
+  const QuadRow at = quad_row(p, p.Lq);
+  const int64_t b = at.b, n = at.n, h = at.h, i = at.row;
+  const bool valid = at.valid;
 
   float q[kSlice], acc[kSlice];
   load_slice(q, seq_row(p.q, p.q_stride, b, n, h, valid ? i : 0), p.q_stride.d, valid, p.D, lane4);
@@ -132,12 +142,9 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const __grid_constant__
   float* sK = smem;
   float* sV = smem + kRows * kSmemStride;
   const int lane4 = threadIdx.x % 4;
-  int64_t blk = blockIdx.x;
-  const int64_t q_tiles = (p.Lq + kRows - 1) / kRows;
-  const int64_t i = (blk % q_tiles) * kRows + threadIdx.x / 4;
-  blk /= q_tiles;
-  const int64_t h = blk % p.H, n = blk / p.H % p.N, b = blk / (p.H * p.N);
-  const bool valid = i < p.Lq;
+  const QuadRow at = quad_row(p, p.Lq);
+  const int64_t b = at.b, n = at.n, h = at.h, i = at.row;
+  const bool valid = at.valid;
 
   float q[kSlice], d_o[kSlice];
   load_slice(q, seq_row(p.q, p.q_stride, b, n, h, valid ? i : 0), p.q_stride.d, valid, p.D, lane4);
@@ -216,12 +223,9 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
   float* sDelta = sRowLogSum + kRows;
   float* sTopDp = sDelta + kRows;
   const int lane4 = threadIdx.x % 4;
-  int64_t blk = blockIdx.x;
-  const int64_t k_tiles = (p.Lk + kRows - 1) / kRows;
-  const int64_t j = (blk % k_tiles) * kRows + threadIdx.x / 4;
-  blk /= k_tiles;
-  const int64_t h = blk % p.H, n = blk / p.H % p.N, b = blk / (p.H * p.N);
-  const bool valid = j < p.Lk;
+  const QuadRow at = quad_row(p, p.Lk);
+  const int64_t b = at.b, n = at.n, h = at.h, j = at.row;
+  const bool valid = at.valid;
   const float* delta = static_cast<const float*>(p.workspace) + ((b * p.N + n) * p.H + h) * p.Lq;
   const float* row_max = delta + num_rows(p);
   const float* row_log_sum = row_max + num_rows(p);
