@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const __grid_constant__ 
   extern __shared__ float smem[];
   float* sQ = smem;
   float* sdO = sQ + kRows * kSmemStride;
-  float* sRowMax = sdO + kRows * kSmemStride;  // log2 units (row_stats_kernel)
+  float* sRowMax = sdO + kRows * kSmemStride;  // log2 units (stats_kernel)
   float* sRowLogSum = sRowMax + kRows;
   float* sDelta = sRowLogSum + kRows;
   float* sTopDp = sDelta + kRows;
