@@ -8,6 +8,7 @@
 
 #include "api/error.h"
 #include "backend.h"
+#include "cuda/hopper/kernels.h"
 #include "cuda/kernels.h"
 #include "cuda/launch_plan.h"
 #include "cuda/smem_budget.h"
@@ -145,9 +146,27 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
   });
 }
 
+// The Hopper family's forward (hopper/fwd_kernel.cuh), where hopper::fwd_usable takes the call.
+template <typename Element>
+cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+#if defined(EVOATTN_WITH_HOPPER)
+  cuda::hopper::FwdPlan hopper_plan;
+  if (cudaError_t e = cuda::hopper::make_fwd_plan(p, plan, &hopper_plan)) return e;
+  return with_head_dim(p.D, [&](auto hd) {
+    return cuda::hopper::run_fwd<Element, decltype(hd)::value>(p, hopper_plan, stream);
+  });
+#else
+  (void)p;
+  (void)plan;
+  (void)stream;
+  return cudaErrorNotSupported;
+#endif
+}
+
 template <typename Element>
 cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  if (cuda::hopper::fwd_usable(p, plan)) return fwd_hopper<Element>(p, plan, stream);
   size_t smem = 0;
   if (cudaError_t e = cuda::smem_per_block_limit(p.device, &smem)) return e;
   cuda::set_fwd_groups(plan, p, cuda::fwd_groups_for(head_dim_bucket(p.D), smem));

@@ -7,6 +7,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/simt_fp32.cu
   cuda/smem_budget.cu
   cuda/tma_maps.cpp
+  cuda/hopper/fwd_plan.cpp
   cuda/instantiations/fwd_fp16_hdim16_g2_generic.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_notile.cu
   cuda/instantiations/fwd_fp16_hdim16_g2_fast_sharedtile.cu
@@ -97,4 +98,15 @@ list(APPEND EVOATTN_SOURCES
   cuda/instantiations/fwd_tf32_hdim32.cu
   cuda/instantiations/fwd_tf32_hdim64.cu
   cuda/instantiations/fwd_tf32_hdim128.cu
+)
+# The Hopper family: compiled for sm_90a alone (src/CMakeLists.txt).
+set(EVOATTN_HOPPER_SOURCES
+  cuda/hopper/instantiations/fwd_fp16_hdim16.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim32.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim64.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim128.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim16.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim32.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim64.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim128.cu
 )

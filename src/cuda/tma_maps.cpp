@@ -25,14 +25,7 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-constexpr int kMaxRank = 5;
-
-// One tensor of 16-bit elements: sizes and element strides, innermost first (stride 1 there).
-struct TensorShape {
-  int rank;
-  int64_t size[kMaxRank];
-  int64_t stride[kMaxRank];
-};
+}  // namespace
 
 // A dimension of size 1 takes any legal stride; others need a non-negative multiple of 16
 // bytes below 2^40 (TMA's rules), so no broadcast (stride 0) and no reversed rows.
@@ -47,23 +40,35 @@ bool tma_legal(const TensorShape& t, const void* ptr) {
   return true;
 }
 
-// Boxes of kTile x box_rows elements (innermost first).
-cudaError_t encode(CUtensorMap* map, const TensorShape& t, const void* ptr, int box_rows = kTile) {
+cudaError_t encode_tma_map(CUtensorMap* map, const TensorShape& t, const void* ptr, int box_inner, int box_rows,
+                           int swizzle_bytes) {
   const EncodeTiled fn = encode_tiled();
   if (fn == nullptr) return cudaErrorNotSupported;
-  cuuint64_t dims[kMaxRank], strides[kMaxRank - 1];
-  cuuint32_t box[kMaxRank], element_strides[kMaxRank];
+  cuuint64_t dims[5], strides[4];
+  cuuint32_t box[5], element_strides[5];
   for (int i = 0; i < t.rank; ++i) {
     dims[i] = static_cast<cuuint64_t>(t.size[i]);
-    box[i] = static_cast<cuuint32_t>(i == 0 ? kTile : i == 1 ? box_rows : 1);
+    box[i] = static_cast<cuuint32_t>(i == 0 ? box_inner : i == 1 ? box_rows : 1);
     element_strides[i] = 1;
     if (i > 0) strides[i - 1] = static_cast<cuuint64_t>(t.size[i] == 1 ? 16 : t.stride[i] * 2);
   }
   const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, static_cast<cuuint32_t>(t.rank), const_cast<void*>(ptr),
                         dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        swizzle_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                        : swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                              : CU_TENSOR_MAP_SWIZZLE_32B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+bool tma_encoder_available() { return encode_tiled() != nullptr; }
+
+namespace {
+
+// Boxes of kTile x box_rows elements in 128-byte swizzled rows.
+cudaError_t encode(CUtensorMap* map, const TensorShape& t, const void* ptr, int box_rows = kTile) {
+  return encode_tma_map(map, t, ptr, kTile, box_rows, 128);
 }
 
 TensorShape seq_shape(const FwdParams& p, const SeqStrides& s, int64_t L) {
@@ -83,7 +88,7 @@ bool fwd_tma_usable(const FwdParams& p, const LaunchPlan& plan) {
     (void)cudaGetLastError();
     return false;
   }
-  return major >= 9 && plan.tile_fast_slot >= 0 && encode_tiled() != nullptr &&
+  return major >= 9 && plan.tile_fast_slot >= 0 && tma_encoder_available() &&
          tma_legal(seq_shape(p, p.k_stride, p.Lk), p.k) && tma_legal(seq_shape(p, p.v_stride, p.Lk), p.v) &&
          tma_legal(seq_shape(p, p.o_stride, p.Lq), p.o) && tma_legal(tile_shape(p, plan), plan.tile_single.ptr);
 }

@@ -12,6 +12,22 @@
 
 namespace evoattn::cuda {
 
+// One tensor of 16-bit elements for a tensor map: sizes and element strides, innermost first
+// (stride 1 there), rank 5 at most.
+struct TensorShape {
+  int rank;
+  int64_t size[5];
+  int64_t stride[5];
+};
+// Whether TMA takes the tensor at `ptr` (16-byte aligned base and strides, none negative).
+bool tma_legal(const TensorShape& t, const void* ptr);
+// Whether this driver has cuTensorMapEncodeTiled.
+bool tma_encoder_available();
+// A map of boxes box_inner x box_rows (innermost first; 1 along the other dimensions), zero past
+// the edges, in rows swizzled `swizzle_bytes` wide (128, 64 or 32: box_inner * 2 bytes).
+cudaError_t encode_tma_map(CUtensorMap* map, const TensorShape& t, const void* ptr, int box_inner, int box_rows,
+                           int swizzle_bytes);
+
 // K, V and O as [B, N, H, L, D] (5-d, coordinates {d, row, h, n, b}), the pair bias as
 // [B, H, Lq, Lk] (4-d, {key, query, h, b}). A kernel parameter (__grid_constant__).
 struct FwdTmaMaps {

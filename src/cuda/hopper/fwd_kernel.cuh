@@ -1,0 +1,358 @@
+// Forward kernel for float16 / bfloat16 on Hopper (sm_90a), after FlashAttention-3.
+//
+//   block = three warpgroups, one work item: 128 query rows (two tiles of 64) of one (b, n, h)
+//   warpgroup 0, the producer (64 registers a thread):
+//     warp 0: Q by TMA once; then per key tile K, V and each consumer's tile-bias box by TMA into
+//             a stage of a kStages ring (full / empty mbarriers)
+//     warp 1: the key tile's key biases into the same stage: every key slot summed, x log2 e;
+//             -inf past Lk
+//   warpgroups 1 and 2, the consumers (216 registers): one 64-row query tile each;
+//   for each key tile:
+//     mainloop  S = Q K^T                       (wgmma; Q, K from shared memory)
+//     softmax   x = S scale log2 e + key bias + tile bias log2 e  (score_log2, as every kernel)
+//               m: a lazy reference max (online_softmax_lazy); P = 2^(x - m); l += rowsum P
+//     mainloop  O += P V                        (wgmma; P from registers, V transposed)
+//               release the stage
+//   epilogue  O /= l; LSE = (m + log2 l) ln 2   (l = 0: a fully masked row, O = 0, LSE = -inf)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/element.cuh"
+#include "cuda/hopper/fwd_plan.h"
+#include "cuda/hopper/softmax.cuh"
+#include "cuda/hopper/wgmma.cuh"
+#include "cuda/kernel_launch.h"
+#include "cuda/online_softmax.cuh"
+#include "cuda/ptx.cuh"
+#include "params.h"
+
+namespace evoattn::cuda::hopper {
+
+// The block's shared memory, in bytes from a 1024-byte aligned base: every tile is as TMA
+// writes it (rows swizzled as wide as they are, wgmma.cuh), 1024-byte aligned.
+template <int kHeadDim>
+struct FwdLayout {
+  static constexpr int kConsumers = 2;
+  static constexpr int kRows = 64;  // query rows per consumer; keys per tile
+  static constexpr int kStages = fwd_stages(kHeadDim);
+  static constexpr int kChunk = kHeadDim < 64 ? kHeadDim : 64;  // elements of a swizzled row
+  static constexpr int kRowBytes = kChunk * 2;
+  static constexpr int kChunks = kHeadDim / kChunk;
+  static constexpr int kChunkBytes = kRows * kRowBytes;
+  static constexpr int kSeqTileBytes = kChunks * kChunkBytes;
+  static constexpr int kBiasTileBytes = kRows * kRows * 2;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kConsumers * kSeqTileBytes;
+  static constexpr int kV = kK + kStages * kSeqTileBytes;
+  static constexpr int kTile = kV + kStages * kSeqTileBytes;
+  static constexpr int kKeyBias = kTile + kStages * kConsumers * kBiasTileBytes;
+  static constexpr int kBarriers = kKeyBias + kStages * kRows * 4;
+  static constexpr int kBytes = kBarriers + (1 + 2 * kStages) * 8 + 1024;
+  static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0, "swizzle atoms stay aligned");
+  static_assert(kBytes == fwd_smem_bytes(kHeadDim), "fwd_plan.h counts this layout");
+  static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128, "head-dim buckets");
+};
+
+// setmaxnreg moves registers within the block's allocation (168 a thread at 384 threads), so
+// 128 x 64 + 256 x 216 <= 384 x 168: a consumer that asks for more waits forever.
+constexpr int kProducerRegisters = 64;
+constexpr int kConsumerRegisters = 216;
+constexpr int kFwdThreads = 384;
+static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kFwdThreads * 168, "register budget");
+
+// Bias values of two adjacent keys, packed as the tile stores them, as floats.
+template <typename Element>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
+  __half2 h;
+  *reinterpret_cast<uint32_t*>(&h) = v;
+  return __half22float2(h);
+}
+
+// The tile's log2-domain scores from the accumulators of S = Q K^T, the stage's key biases (x log2 e
+// already) and, with a tile bias, its box (128-byte swizzled rows, read by ldmatrix).
+template <typename Element, bool kTileBias>
+__device__ __forceinline__ void scores(float (&x)[32], const float (&s_acc)[32], const float* key_bias,
+                                       const uint8_t* tile, float scale_log2, int w, int lane) {
+  const int t = lane % 4;
+  if constexpr (kTileBias) {
+    const int row = 16 * w + (lane & 7) + 8 * ((lane >> 3) & 1);
+    for (int kp = 0; kp < 4; ++kp) {  // keys 16 kp .. 16 kp + 15
+      const int chunk = 2 * kp + (lane >> 4);
+      uint32_t r[4];
+      ldmatrix_x4(r, tile + row * 128 + ((chunk ^ (row & 7)) * 16));
+      for (int half = 0; half < 2; ++half) {  // column tiles 2 kp, 2 kp + 1
+        const int j = 2 * kp + half;
+        const float2 key = *reinterpret_cast<const float2*>(key_bias + 8 * j + 2 * t);
+        const float2 lo = unpack2<Element>(r[2 * half]), hi = unpack2<Element>(r[2 * half + 1]);
+        x[4 * j + 0] = score_log2(s_acc[4 * j + 0], scale_log2, key.x, lo.x);
+        x[4 * j + 1] = score_log2(s_acc[4 * j + 1], scale_log2, key.y, lo.y);
+        x[4 * j + 2] = score_log2(s_acc[4 * j + 2], scale_log2, key.x, hi.x);
+        x[4 * j + 3] = score_log2(s_acc[4 * j + 3], scale_log2, key.y, hi.y);
+      }
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) {
+      const float2 key = *reinterpret_cast<const float2*>(key_bias + 8 * j + 2 * t);
+      x[4 * j + 0] = score_log2(s_acc[4 * j + 0], scale_log2, key.x);
+      x[4 * j + 1] = score_log2(s_acc[4 * j + 1], scale_log2, key.y);
+      x[4 * j + 2] = score_log2(s_acc[4 * j + 2], scale_log2, key.x);
+      x[4 * j + 3] = score_log2(s_acc[4 * j + 3], scale_log2, key.y);
+    }
+  }
+}
+
+// The key biases of key tiles j0 .. j0 + kTiles - 1, two keys a lane per tile: every key slot
+// summed in slot order, natural units; -inf past Lk. All loads are issued before any is used,
+// so one latency covers kTiles tiles. The common case (one key slot in the inputs' dtype) loads
+// Elements directly; any other mix goes through load_any.
+template <typename Element, int kTiles>
+__device__ __forceinline__ void load_key_biases(float (&v)[kTiles][2], const FwdParams& p, uint32_t key_slots,
+                                                int key_single_slot, int b, int n, int h, int j0, int lane) {
+  if (key_single_slot >= 0) {
+    const BiasParams& bp = p.bias[key_single_slot];
+    const Element* base = static_cast<const Element*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n + h * bp.stride.h;
+    Element raw[kTiles][2];
+    for (int t = 0; t < kTiles; ++t)
+      for (int i = 0; i < 2; ++i) {
+        const int64_t k = int64_t{j0 + t} * 64 + lane + 32 * i;
+        raw[t][i] = k < p.Lk ? base[k * bp.stride.k] : Element{};
+      }
+    for (int t = 0; t < kTiles; ++t)
+      for (int i = 0; i < 2; ++i)
+        v[t][i] = int64_t{j0 + t} * 64 + lane + 32 * i < p.Lk ? to_float(raw[t][i]) : neg_inf();
+    return;
+  }
+  for (int t = 0; t < kTiles; ++t) {
+    for (int i = 0; i < 2; ++i) {
+      const int64_t k = int64_t{j0 + t} * 64 + lane + 32 * i;
+      v[t][i] = 0.0f;
+#pragma unroll
+      for (int slot = 0; slot < kNumBiasSlots; ++slot) {
+        if ((key_slots >> slot & 1u) == 0 || k >= p.Lk) continue;
+        const BiasParams& bp = p.bias[slot];
+        v[t][i] += load_any(bp.ptr, bp.dtype, b * bp.stride.b + n * bp.stride.n + h * bp.stride.h + k * bp.stride.k);
+      }
+      if (k >= p.Lk) v[t][i] = neg_inf();
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdPlan plan, const FwdParams p) {
+  using L = FwdLayout<kHeadDim>;
+  extern __shared__ uint8_t smem_raw[];
+  // Offset from smem_raw (not a cast through an integer) so the compiler keeps the pointers in the
+  // shared window (LDS, not generic loads).
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
+  uint64_t* full = q_full + 1;
+  uint64_t* empty = full + L::kStages;
+  float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+  uint32_t item = blockIdx.x;
+  const int qb = static_cast<int>(item % plan.q_blocks);
+  item /= plan.q_blocks;
+  const int h = static_cast<int>(item % p.H);
+  item /= p.H;
+  const int n = static_cast<int>(item % p.N);
+  const int b = static_cast<int>(item / p.N);
+  const int q_block = qb * kFwdBlockRows;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < L::kStages; ++s) {
+      mbarrier_init(&full[s], 1 + 32);              // the TMA thread and the key-bias warp
+      mbarrier_init(&empty[s], L::kConsumers * 4);  // each consumer warp
+    }
+  }
+  __syncthreads();
+  start_after_previous_grid();
+
+  if (wg == 0) {
+    // ---- producer ----
+    release_registers<kProducerRegisters>();
+    if (warp == 0 && lane == 0) {
+      mbarrier_arrive_expect_tx(q_full, L::kConsumers * L::kSeqTileBytes);
+      for (int c = 0; c < L::kConsumers; ++c)
+        for (int ch = 0; ch < L::kChunks; ++ch)
+          tma_load<5>(smem + L::kQ + c * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.q, q_full,
+                      {ch * 64, q_block + c * L::kRows, h, n, b});
+      const int th = plan.tile_varies_h ? h : 0, tn = plan.tile_varies_n ? n : 0, tb = plan.tile_varies_b ? b : 0;
+      const uint32_t bytes = 2 * L::kSeqTileBytes + (plan.has_tile ? L::kConsumers * L::kBiasTileBytes : 0);
+      for (int j = 0; j < plan.k_tiles; ++j) {
+        const int s = j % L::kStages;
+        if (j >= L::kStages) mbarrier_wait(&empty[s], (j / L::kStages - 1) & 1);
+        mbarrier_arrive_expect_tx(&full[s], bytes);
+        for (int ch = 0; ch < L::kChunks; ++ch) {
+          tma_load<5>(smem + L::kK + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.k, &full[s],
+                      {ch * 64, j * 64, h, n, b});
+          tma_load<5>(smem + L::kV + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.v, &full[s],
+                      {ch * 64, j * 64, h, n, b});
+        }
+        if (plan.has_tile) {
+          for (int c = 0; c < L::kConsumers; ++c)
+            tma_load<5>(smem + L::kTile + (s * L::kConsumers + c) * L::kBiasTileBytes, &plan.tile, &full[s],
+                        {j * 64, q_block + c * L::kRows, th, tn, tb});
+        }
+      }
+    } else if (warp == 1) {
+      // The key biases, a ring's worth of tiles loaded at once, the next group's loads in flight
+      // while this group's values wait for their stages.
+      constexpr int kGroup = L::kStages;
+      float next[kGroup][2];
+      load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, b, n, h, 0, lane);
+      for (int j0 = 0; j0 < plan.k_tiles; j0 += kGroup) {
+        float cur[kGroup][2];
+        for (int t = 0; t < kGroup; ++t)
+          for (int i = 0; i < 2; ++i) cur[t][i] = next[t][i] * kLog2e;  // -inf stays -inf
+        if (j0 + kGroup < plan.k_tiles) {
+          load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, b, n, h, j0 + kGroup, lane);
+        }
+        for (int t = 0; t < kGroup && j0 + t < plan.k_tiles; ++t) {
+          const int j = j0 + t, s = j % L::kStages;
+          if (j >= L::kStages) mbarrier_wait(&empty[s], (j / L::kStages - 1) & 1);
+          key_bias[s * L::kRows + lane] = cur[t][0];
+          key_bias[s * L::kRows + lane + 32] = cur[t][1];
+          mbarrier_arrive(&full[s]);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  claim_registers<kConsumerRegisters>();
+  const int c = wg - 1, w = warp % 4, g = lane / 4, t = lane % 4;
+  const uint8_t* q_tile = smem + L::kQ + c * L::kSeqTileBytes;
+  float acc_o[kHeadDim / 2];
+  for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.0f;
+  float s_acc[32];
+  for (int i = 0; i < 32; ++i) s_acc[i] = 0.0f;
+  // P of the tiles in turn in two register sets: tile j's is written while tile j - 1's P V
+  // still reads the other (one set would serialize the wgmma: ptxas C7513).
+  uint32_t pa[2][4][4];
+  RowSoftmax softmax;
+
+  // mainloop, S = Q K^T of key tile j (issued, not waited for)
+  auto issue_qk = [&](int j) {
+    const uint8_t* k_tile = smem + L::kK + (j % L::kStages) * L::kSeqTileBytes;
+    for (int ch = 0; ch < L::kChunks; ++ch) {
+      for (int kk = 0; kk < L::kChunk / 16; ++kk) {
+        const int off = ch * L::kChunkBytes + kk * 32;
+        wgmma_ss<Element, 64>(s_acc, smem_desc<L::kRowBytes>(q_tile + off, 16, 8 * L::kRowBytes),
+                              smem_desc<L::kRowBytes>(k_tile + off, 16, 8 * L::kRowBytes), ch + kk > 0);
+      }
+    }
+    wgmma_commit();
+  };
+  // mainloop, O += P V of key tile j (issued, not waited for)
+  auto issue_pv = [&](int j, const uint32_t (&p_tile)[4][4]) {
+    const uint8_t* v_tile = smem + L::kV + (j % L::kStages) * L::kSeqTileBytes;
+    for (int kp = 0; kp < 4; ++kp) {
+      wgmma_rs<Element, kHeadDim>(
+          acc_o, p_tile[kp], smem_desc<L::kRowBytes>(v_tile + kp * 16 * L::kRowBytes, L::kChunkBytes, 8 * L::kRowBytes),
+          1);
+    }
+    wgmma_commit();
+  };
+  // softmax of key tile j, whose S has landed in s_acc, into P; returns whether O needs a rescale
+  auto softmax_tile = [&](int j, uint32_t (&p_tile)[4][4]) {
+    const int s = j % L::kStages;
+    float x[32];
+    if (plan.has_tile) {
+      scores<Element, true>(x, s_acc, key_bias + s * L::kRows,
+                            smem + L::kTile + (s * L::kConsumers + c) * L::kBiasTileBytes, p.scale_log2, w, lane);
+    } else {
+      scores<Element, false>(x, s_acc, key_bias + s * L::kRows, nullptr, p.scale_log2, w, lane);
+    }
+    const bool moved = softmax.update(x, j == 0);
+    softmax.exponentiate<Element>(x, p_tile);
+    return moved;
+  };
+  auto release = [&](int j) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&empty[j % L::kStages]);
+  };
+  // Tile j's QK^T runs while tile j - 1's P V is issued behind it; tile j's softmax runs while
+  // that P V does; O's rescale waits for it.
+  auto step = [&](int j, const uint32_t (&p_prev)[4][4], uint32_t (&p_next)[4][4]) {
+    mbarrier_wait(&full[j % L::kStages], (j / L::kStages) & 1);
+    wgmma_fence();
+    issue_qk(j);
+    issue_pv(j - 1, p_prev);
+    wgmma_wait<1>();
+    fence_registers(s_acc);
+    const bool moved = softmax_tile(j, p_next);
+    wgmma_wait<0>();
+    fence_registers(acc_o);
+    release(j - 1);
+    if (moved) softmax.rescale(acc_o);
+  };
+
+  mbarrier_wait(q_full, 0);
+  mbarrier_wait(&full[0], 0);
+  wgmma_fence();
+  issue_qk(0);
+  wgmma_wait<0>();
+  fence_registers(s_acc);
+  softmax_tile(0, pa[0]);
+  for (int j = 1; j < plan.k_tiles; j += 2) {
+    step(j, pa[0], pa[1]);
+    if (j + 1 < plan.k_tiles) step(j + 1, pa[1], pa[0]);
+  }
+  wgmma_fence();
+  if ((plan.k_tiles - 1) & 1) {
+    issue_pv(plan.k_tiles - 1, pa[1]);
+  } else {
+    issue_pv(plan.k_tiles - 1, pa[0]);
+  }
+  wgmma_wait<0>();
+  fence_registers(acc_o);
+  release(plan.k_tiles - 1);
+
+  // epilogue: O / l and the LSE
+  for (int r = 0; r < 2; ++r) {
+    const float inv = softmax.finish(r);
+    const int64_t q = q_block + c * L::kRows + 16 * w + g + 8 * r;
+    if (q >= p.Lq) continue;
+    Element* out = static_cast<Element*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + q * p.o_stride.l +
+                   h * p.o_stride.h;
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      const int col = 8 * d + 2 * t;
+      const float v0 = acc_o[4 * d + 2 * r] * inv, v1 = acc_o[4 * d + 2 * r + 1] * inv;
+      if (plan.pairs_o && col + 1 < p.D) {
+        *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(v0, v1);
+      } else {
+        if (col < p.D) out[col] = from_float<Element>(v0);
+        if (col + 1 < p.D) out[col + 1] = from_float<Element>(v1);
+      }
+    }
+    if (t == 0 && p.lse != nullptr) {
+      p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + q * p.lse_stride_q] =
+          row_lse(softmax.row_max[r], softmax.row_sum[r]);
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
+  constexpr size_t kBytes = FwdLayout<kHeadDim>::kBytes;
+  static_assert(kBytes <= 227 * 1024, "shared memory per block on sm_90");
+  auto* kernel = fwd_kernel<Element, kHeadDim>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)) return e;
+  const size_t blocks = static_cast<size_t>(p.B * p.N * p.H) * plan.q_blocks;
+  return launch_kernel(kernel, blocks, kFwdThreads, kBytes, stream, plan, p);
+}
+
+}  // namespace evoattn::cuda::hopper

@@ -1,0 +1,85 @@
+#include "cuda/hopper/fwd_plan.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/smem_budget.h"
+#include "cuda/tma_maps.h"
+
+namespace evoattn::cuda::hopper {
+namespace {
+
+int bucket_of(int D) { return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128; }
+
+TensorShape seq_shape(const FwdParams& p, const SeqStrides& s, int64_t L) {
+  return {5, {p.D, L, p.H, p.N, p.B}, {s.d, s.l, s.h, s.n, s.b}};
+}
+
+// The tile bias with size 1 along the dimensions it broadcasts on (stride 0).
+TensorShape tile_shape(const FwdParams& p, const BiasParams& t) {
+  const ScoreStrides& s = t.stride;
+  return {5,
+          {p.Lk, p.Lq, s.h == 0 ? 1 : p.H, s.n == 0 ? 1 : p.N, s.b == 0 ? 1 : p.B},
+          {s.k, s.q, s.h, s.n, s.b}};
+}
+
+}  // namespace
+
+Family requested_family() {
+  const char* value = std::getenv("EVOATTN_KERNEL_FAMILY");
+  if (value == nullptr) return Family::kAuto;
+  if (std::strcmp(value, "hopper") == 0) return Family::kHopper;
+  if (std::strcmp(value, "portable") == 0) return Family::kPortable;
+  return Family::kAuto;
+}
+
+bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
+#if !defined(EVOATTN_WITH_HOPPER)
+  (void)p;
+  (void)plan;
+  return false;
+#else
+  if (requested_family() != Family::kHopper) return false;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (major != 9 || !tma_encoder_available() || p.D > kMaxHeadDim) return false;
+  if (plan.tile_slots != 0 && plan.tile_fast_slot < 0) return false;
+  if (p.o_stride.d != 1) return false;
+  const int64_t blocks = p.B * p.N * p.H * ((p.Lq + kFwdBlockRows - 1) / kFwdBlockRows);
+  if (blocks >= (int64_t{1} << 31)) return false;
+  if (!tma_legal(seq_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_shape(p, p.k_stride, p.Lk), p.k) ||
+      !tma_legal(seq_shape(p, p.v_stride, p.Lk), p.v)) {
+    return false;
+  }
+  if (plan.tile_fast_slot >= 0 && !tma_legal(tile_shape(p, plan.tile_single), plan.tile_single.ptr)) return false;
+  size_t allowed = 0;
+  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket_of(p.D)) <= allowed;
+#endif
+}
+
+cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* out) {
+  *out = FwdPlan{};
+  const int chunk = bucket_of(p.D) < 64 ? bucket_of(p.D) : 64;
+  if (cudaError_t e = encode_tma_map(&out->q, seq_shape(p, p.q_stride, p.Lq), p.q, chunk, 64, chunk * 2)) return e;
+  if (cudaError_t e = encode_tma_map(&out->k, seq_shape(p, p.k_stride, p.Lk), p.k, chunk, 64, chunk * 2)) return e;
+  if (cudaError_t e = encode_tma_map(&out->v, seq_shape(p, p.v_stride, p.Lk), p.v, chunk, 64, chunk * 2)) return e;
+  out->has_tile = plan.tile_fast_slot >= 0;
+  if (out->has_tile) {
+    const BiasParams& t = plan.tile_single;
+    if (cudaError_t e = encode_tma_map(&out->tile, tile_shape(p, t), t.ptr, 64, 64, 128)) return e;
+    out->tile_varies_b = t.stride.b != 0;
+    out->tile_varies_n = t.stride.n != 0;
+    out->tile_varies_h = t.stride.h != 0;
+  }
+  out->q_blocks = static_cast<int32_t>((p.Lq + kFwdBlockRows - 1) / kFwdBlockRows);
+  out->k_tiles = static_cast<int32_t>((p.Lk + 63) / 64);
+  out->key_slots = plan.key_slots;
+  out->key_single_slot = plan.key_single_slot >= 0 && plan.key_single.dtype == p.dtype ? plan.key_single_slot : -1;
+  out->pairs_o = plan.pairs_o;
+  return cudaSuccess;
+}
+
+}  // namespace evoattn::cuda::hopper

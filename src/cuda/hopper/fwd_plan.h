@@ -1,0 +1,61 @@
+// What the host prepares, once per call, for the Hopper forward (fwd_kernel.cuh): its tensor
+// maps and the few shape facts its kernel reads beside FwdParams.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only: no driver library is linked)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/launch_plan.h"
+#include "params.h"
+
+namespace evoattn::cuda::hopper {
+
+// Query rows a block takes: two consumer warpgroups of 64.
+constexpr int kFwdBlockRows = 128;
+
+struct FwdPlan {
+  // Q, K, V as [B, N, H, L, D] (coordinates {d, row, h, n, b}) in boxes of 64 rows and at most
+  // 64 columns; the tile bias as [B, N, H, Lq, Lk] ({key, query, h, n, b}) in boxes of 64 x 64,
+  // size 1 along the dimensions it broadcasts on.
+  CUtensorMap q, k, v, tile;
+  int32_t q_blocks;    // ceil(Lq / kFwdBlockRows)
+  int32_t k_tiles;     // ceil(Lk / 64)
+  uint32_t key_slots;  // LaunchPlan::key_slots
+  int32_t key_single_slot;  // the only key slot where it holds the inputs' dtype, else -1
+  bool has_tile;       // one tile bias, copied by TMA
+  bool tile_varies_b, tile_varies_n, tile_varies_h;
+  bool pairs_o;        // 4-byte stores of O's element pairs
+};
+
+// The kernel family a call asks for: the environment variable EVOATTN_KERNEL_FAMILY, read at
+// every call, "hopper" or "portable"; unset, empty or "auto" picks per kernel what measured
+// faster (today the portable forward: the Hopper forward is still slower on every suite shape,
+// docs/perf/log.md v35). Anything else reads as auto.
+enum class Family { kAuto, kHopper, kPortable };
+Family requested_family();
+
+// Whether the Hopper forward takes this float16 / bfloat16 call: the library was built with the
+// Hopper family, the current device has compute capability 9.x, EVOATTN_KERNEL_FAMILY=hopper,
+// Q, K, V and the tile bias (if any: at most one, the fast tile) are laid out as TMA takes them,
+// O has unit stride along D, and the grid fits.
+bool fwd_usable(const FwdParams& p, const LaunchPlan& plan);
+
+// The plan of such a call (its tensor maps encoded here).
+cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* out);
+
+// Stages of the key-tile ring: deep enough that a copy's latency (about a microsecond) hides
+// behind the consumers' work on the tiles before it.
+constexpr int fwd_stages(int head_dim_bucket) { return head_dim_bucket <= 64 ? 4 : 3; }
+
+// The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): two Q
+// tiles; the stages of K, V, two tile-bias boxes and 64 key biases; their mbarriers and Q's;
+// 1 KB to align the base to 1024 bytes.
+constexpr size_t fwd_smem_bytes(int head_dim_bucket) {
+  const size_t seq_tile = size_t{64} * head_dim_bucket * 2;
+  const size_t stages = fwd_stages(head_dim_bucket);
+  return 2 * seq_tile + stages * (2 * seq_tile + 2 * 64 * 64 * 2 + 64 * 4) + (1 + 2 * stages) * 8 + 1024;
+}
+
+}  // namespace evoattn::cuda::hopper

@@ -1,0 +1,18 @@
+// The Hopper family's kernel entry points (sm_90a), which dispatch.cu chooses from on compute
+// capability 9.x. Defined in the *_kernel.cuh headers here, explicitly instantiated one
+// (dtype, head-dim bucket) per file under instantiations/ (tools/gen_instantiations.py).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/hopper/fwd_plan.h"
+#include "params.h"
+
+namespace evoattn::cuda::hopper {
+
+// float16 / bfloat16, head-dim buckets 16, 32, 64, 128 (D up to the bucket; columns past D are
+// zero in the copies and never stored): fwd_kernel.cuh.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream);
+
+}  // namespace evoattn::cuda::hopper

@@ -1,0 +1,87 @@
+// The Hopper forward's online softmax (log2 domain, float32) for one consumer thread's two rows
+// of a 64 x 64 score tile in the wgmma C layout: rows g and g + 8 of its warp's 16 (r = 0, 1),
+// 16 keys each (x[4j + 2r], x[4j + 2r + 1], j = 0..7). The same lazy rescale as the portable
+// kernels (online_softmax_lazy, FlashAttention-4's rescale skipping), split in two so the
+// rescale of O can wait for the P V product still running on it: update() moves the reference
+// maxima and rescales the row sums; rescale() applies the same factors to O afterwards.
+#pragma once
+
+#include "cuda/element.cuh"
+#include "cuda/online_softmax.cuh"
+#include "cuda/ptx.cuh"
+
+namespace evoattn::cuda::hopper {
+
+struct RowSoftmax {
+  float row_max[2] = {neg_inf(), neg_inf()};  // reference maxima (quad-reduced); -inf: masked so far
+  float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums
+  float alpha[2] = {1.0f, 1.0f};              // the factors of the last update that moved
+  float m_use[2] = {0.0f, 0.0f};              // the max to exponentiate against (0 while masked)
+
+  // Takes a tile's scores; returns whether any row of the warp moved its reference (warp-uniform),
+  // so O needs rescale(). `first`: the item's first tile (O and the sums are still zero).
+  __device__ __forceinline__ bool update(const float (&x)[32], bool first) {
+    float local[2] = {neg_inf(), neg_inf()};
+    for (int j = 0; j < 8; ++j) {
+      local[0] = fmaxf(local[0], fmaxf(x[4 * j], x[4 * j + 1]));
+      local[1] = fmaxf(local[1], fmaxf(x[4 * j + 2], x[4 * j + 3]));
+    }
+    bool moved = false;
+    if (first) {
+      for (int r = 0; r < 2; ++r) row_max[r] = quad_max(local[r]);
+    } else {
+      // The difference, not row_max + slack (online_softmax_lazy says why); NaN compares false.
+      const float rise = fmaxf(local[0] - row_max[0], local[1] - row_max[1]);
+      if (__any_sync(0xffffffffu, rise > kRescaleSlack)) {
+        moved = true;
+        for (int r = 0; r < 2; ++r) {
+          const float tile_max = quad_max(local[r]);
+          const float m_new = tile_max - row_max[r] > kRescaleSlack ? tile_max : row_max[r];
+          const float m_ref = m_new == neg_inf() ? 0.0f : m_new;
+          alpha[r] = exp2_approx(row_max[r] - m_ref);  // 1 if the row stays, 0 from -inf
+          row_max[r] = m_new;
+          row_sum[r] *= alpha[r];
+        }
+      }
+    }
+    for (int r = 0; r < 2; ++r) m_use[r] = row_max[r] == neg_inf() ? 0.0f : row_max[r];
+    return moved;
+  }
+
+  // P = 2^(x - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the rows.
+  template <typename Element>
+  __device__ __forceinline__ void exponentiate(const float (&x)[32], uint32_t (&pa)[4][4]) {
+    for (int kp = 0; kp < 4; ++kp) {
+      float e[8];
+      for (int i = 0; i < 8; ++i) {
+        const int r = (i >> 1) & 1;
+        e[i] = exp2_approx(x[8 * kp + i] - m_use[r]);
+        row_sum[r] += e[i];
+      }
+      for (int i = 0; i < 4; ++i) pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
+    }
+  }
+
+  // O (the C layout, kCols / 8 column tiles) times the last update's factors.
+  template <int kHalf>
+  __device__ __forceinline__ void rescale(float (&o)[kHalf]) const {
+    for (int i = 0; i < kHalf; ++i) o[i] *= alpha[(i >> 1) & 1];
+  }
+
+  // The row's full sum (over the quad) into row_sum; returns 1 / sum (0 for a fully masked row).
+  __device__ __forceinline__ float finish(int r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    row_sum[r] = sum;
+    return sum == 0.0f ? 0.0f : 1.0f / sum;
+  }
+
+ private:
+  __device__ __forceinline__ static float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+  }
+};
+
+}  // namespace evoattn::cuda::hopper

@@ -1,0 +1,105 @@
+// The kernel families on one GPU: EVOATTN_KERNEL_FAMILY=hopper takes the Hopper forward
+// (src/cuda/hopper/) on compute capability 9.x, =portable the mma.sync kernels. The whole 16-bit
+// grid also runs under the Hopper switch (ctest's "hopper." tests, tests/cpp/CMakeLists.txt);
+// this test shows the switch reaches a different kernel, which agrees with the portable one.
+// Skipped without a GPU of compute capability 9.x or without the Hopper family in the build.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "attention_case.h"
+#include "evoattn/evoattn.h"
+#include "scoped_env.h"
+#include "tensor_util.h"
+
+#ifdef EVOATTN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace evoattn::test {
+namespace {
+
+#if defined(EVOATTN_WITH_CUDA) && defined(EVOATTN_WITH_HOPPER)
+
+using util::Tensor;
+
+bool hopper_gpu() {
+  int count = 0, major = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9;
+}
+
+struct Shape {
+  int64_t B, N, Lq, Lk, H, D;
+  bool mask_bias, pair_bias;
+};
+
+// O and the LSE of one forward under `family`, outputs poisoned first.
+std::vector<std::vector<double>> forward(const std::string& family, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor* mb, const Tensor* pb, Tensor& o,
+                                         Tensor& lse) {
+  const ScopedEnv env("EVOATTN_KERNEL_FAMILY", family);
+  util::fill_value(o.view, NAN);
+  util::fill_value(lse.view, NAN);
+  EXPECT_EQ(evoattn_forward(q.ptr(), k.ptr(), v.ptr(), mb ? mb->ptr() : nullptr, pb ? pb->ptr() : nullptr,
+                            nullptr, o.ptr(), lse.ptr(), nullptr, nullptr),
+            EVOATTN_SUCCESS)
+      << evoattn_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return {util::to_doubles(o.to(EVOATTN_DEVICE_CPU).view), util::to_doubles(lse.to(EVOATTN_DEVICE_CPU).view)};
+}
+
+TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) {
+  if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
+  const Shape shapes[] = {
+      {1, 4, 256, 256, 4, 32, true, true},  {2, 3, 130, 136, 2, 64, true, true},
+      {1, 2, 70, 200, 2, 16, true, false},  {1, 1, 100, 72, 4, 24, false, true},
+      {1, 2, 64, 64, 2, 128, true, true},   {1, 5, 257, 129, 1, 8, true, true},
+  };
+  uint64_t seed = 71;
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE("B" + std::to_string(s.B) + " N" + std::to_string(s.N) + " Lq" + std::to_string(s.Lq) + " Lk" +
+                 std::to_string(s.Lk) + " H" + std::to_string(s.H) + " D" + std::to_string(s.D));
+    std::mt19937_64 rng(seed++);
+    auto random = [&](std::vector<int64_t> sizes, double lo, double hi) {
+      Tensor t = Tensor::empty(sizes, EVOATTN_BFLOAT16);
+      util::fill_uniform(t.view, rng, lo, hi);
+      return t.to(EVOATTN_DEVICE_CUDA);
+    };
+    const Tensor q = random({s.B, s.N, s.Lq, s.H, s.D}, -2, 2), k = random({s.B, s.N, s.Lk, s.H, s.D}, -2, 2),
+                 v = random({s.B, s.N, s.Lk, s.H, s.D}, -1, 1), mb = random({s.B, s.N, 1, 1, s.Lk}, -3, 0),
+                 pb = random({s.B, 1, s.H, s.Lq, s.Lk}, -2, 2);
+    Tensor o = Tensor::empty({s.B, s.N, s.Lq, s.H, s.D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
+    Tensor lse = Tensor::empty({s.B, s.N, s.H, s.Lq}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA);
+    const Tensor* mbp = s.mask_bias ? &mb : nullptr;
+    const Tensor* pbp = s.pair_bias ? &pb : nullptr;
+    const auto hopper = forward("hopper", q, k, v, mbp, pbp, o, lse);
+    const auto portable = forward("portable", q, k, v, mbp, pbp, o, lse);
+    // Different kernels sum in different orders: some LSE differs in its last bits.
+    EXPECT_NE(hopper[1], portable[1]) << "the switch did not change the kernel";
+    double worst_o = 0.0, worst_lse = 0.0;
+    for (size_t i = 0; i < hopper[0].size(); ++i) worst_o = std::max(worst_o, std::fabs(hopper[0][i] - portable[0][i]));
+    for (size_t i = 0; i < hopper[1].size(); ++i) {
+      worst_lse = std::max(worst_lse, std::fabs(hopper[1][i] - portable[1][i]));
+    }
+    // |O| <= 1 (V in [-1, 1]): two bfloat16 roundings apart at most, and P's own rounding.
+    EXPECT_LE(worst_o, 2e-2);
+    EXPECT_LE(worst_lse, 1e-3);
+  }
+}
+
+#else
+
+TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) {
+  GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
+}
+
+#endif
+
+}  // namespace
+}  // namespace evoattn::test
