@@ -44,8 +44,8 @@ std::vector<std::vector<double>> forward(const std::string& family, const Tensor
                                          const Tensor& v, const Tensor* mb, const Tensor* pb, Tensor& o,
                                          Tensor& lse) {
   const ScopedEnv env("EVOATTN_KERNEL_FAMILY", family);
-  util::fill_value(o.view, NAN);
-  util::fill_value(lse.view, NAN);
+  EXPECT_EQ(cudaMemset(o.buffer.data(), 0xff, o.buffer.bytes()), cudaSuccess);  // NaN poison
+  EXPECT_EQ(cudaMemset(lse.buffer.data(), 0xff, lse.buffer.bytes()), cudaSuccess);
   EXPECT_EQ(evoattn_forward(q.ptr(), k.ptr(), v.ptr(), mb ? mb->ptr() : nullptr, pb ? pb->ptr() : nullptr,
                             nullptr, o.ptr(), lse.ptr(), nullptr, nullptr),
             EVOATTN_SUCCESS)
