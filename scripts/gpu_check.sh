@@ -57,6 +57,16 @@ if want sanitize; then
     echo "compute-sanitizer $tool: rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/sanitizer_$tool.log") tests, $(grep -E 'SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
     [ $rc -eq 0 ] || status=1
   done
+  # The Hopper forward (EVOATTN_KERNEL_FAMILY=hopper): every head-dim bucket, partial tiles,
+  # with and without a pair bias, and the family test.
+  hopper_filter='*Forward*cuda_bf16*Lq17*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily*'
+  for tool in memcheck racecheck; do
+    EVOATTN_KERNEL_FAMILY=hopper compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" \
+      --gtest_filter="$hopper_filter" > "$OUT/sanitizer_hopper_$tool.log" 2>&1
+    rc=$?
+    echo "compute-sanitizer $tool (hopper): rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/sanitizer_hopper_$tool.log") tests, $(grep -E 'SUMMARY' "$OUT/sanitizer_hopper_$tool.log" | tail -1)"
+    [ $rc -eq 0 ] || status=1
+  done
 fi
 
 if want bench; then
@@ -64,6 +74,11 @@ if want bench; then
   "$BUILD/tools/cli/evoattn" bench --suite --backend cuda --dtype bf16 --csv "$OUT/bench.csv" \
     > "$OUT/bench.txt" 2>&1 || status=1
   cat "$OUT/bench.txt"
+  # The same suite with the Hopper family selected, same machine (docs/perf/log.md compares them).
+  rm -f "$OUT/bench_hopper.csv"
+  EVOATTN_KERNEL_FAMILY=hopper "$BUILD/tools/cli/evoattn" bench --suite --backend cuda --dtype bf16 \
+    --csv "$OUT/bench_hopper.csv" > "$OUT/bench_hopper.txt" 2>&1 || status=1
+  cat "$OUT/bench_hopper.txt"
 fi
 if want python || want overhead; then
   # The wheel as users get it (scripts/build_wheel.sh), installed with --no-deps into a clean
