@@ -1,6 +1,7 @@
 // Forward kernel for float16 / bfloat16 on Hopper (sm_90a), after FlashAttention-3.
 //
-//   block = three warpgroups, one work item: 128 query rows (two tiles of 64) of one (b, n, h)
+//   block = three warpgroups, one per SM, walking work items (128 query rows, two tiles of 64,
+//   of one (b, n, h)); the ring of key tiles runs on across items
 //   warpgroup 0, the producer (64 registers a thread):
 //     warp 0: Q by TMA once; then per key tile K, V and each consumer's tile-bias box by TMA into
 //             a stage of a kStages ring (full / empty mbarriers)
@@ -50,7 +51,7 @@ struct FwdLayout {
   static constexpr int kTile = kV + kStages * kSeqTileBytes;
   static constexpr int kKeyBias = kTile + kStages * kConsumers * kBiasTileBytes;
   static constexpr int kBarriers = kKeyBias + kStages * kRows * 4;
-  static constexpr int kBytes = kBarriers + (1 + 2 * kStages) * 8 + 1024;
+  static constexpr int kBytes = kBarriers + (2 + 2 * kStages) * 8 + 1024;
   static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0, "swizzle atoms stay aligned");
   static_assert(kBytes == fwd_smem_bytes(kHeadDim), "fwd_plan.h counts this layout");
   static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128, "head-dim buckets");
@@ -146,6 +147,22 @@ __device__ __forceinline__ void load_key_biases(float (&v)[kTiles][2], const Fwd
   }
 }
 
+// An item's coordinates: 128 query rows (q_block) of one (b, n, h); q-blocks vary fastest, so
+// the blocks reading one (b, n, h)'s K and V run together.
+struct FwdItem {
+  int q_block, h, n, b;
+};
+__device__ __forceinline__ FwdItem fwd_item(uint32_t item, const FwdPlan& plan, const FwdParams& p) {
+  FwdItem it;
+  it.q_block = static_cast<int>(item % plan.q_blocks) * kFwdBlockRows;
+  item /= plan.q_blocks;
+  it.h = static_cast<int>(item % p.H);
+  item /= p.H;
+  it.n = static_cast<int>(item % p.N);
+  it.b = static_cast<int>(item / p.N);
+  return it;
+}
+
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_kernel(const __grid_constant__ FwdPlan plan, const FwdParams p) {
@@ -155,22 +172,20 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // shared window (LDS, not generic loads).
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
-  uint64_t* full = q_full + 1;
+  uint64_t* q_empty = q_full + 1;
+  uint64_t* full = q_empty + 1;
   uint64_t* empty = full + L::kStages;
   float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
-  uint32_t item = blockIdx.x;
-  const int qb = static_cast<int>(item % plan.q_blocks);
-  item /= plan.q_blocks;
-  const int h = static_cast<int>(item % p.H);
-  item /= p.H;
-  const int n = static_cast<int>(item % p.N);
-  const int b = static_cast<int>(item / p.N);
-  const int q_block = qb * kFwdBlockRows;
+  // A persistent grid: block x takes items x, x + gridDim.x, ...; the ring's tile counter runs on
+  // across them (the item's i-th tile is the block's it0 + i-th), so the producer copies the next
+  // item's first tiles while the consumers finish this one.
+  const uint32_t items = static_cast<uint32_t>(p.B * p.N * p.H) * plan.q_blocks;
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
+    mbarrier_init(q_empty, L::kConsumers * 4);      // each consumer warp, after its item's last QK^T
     for (int s = 0; s < L::kStages; ++s) {
       mbarrier_init(&full[s], 1 + 32);              // the TMA thread and the key-bias warp
       mbarrier_init(&empty[s], L::kConsumers * 4);  // each consumer warp
@@ -183,48 +198,59 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // ---- producer ----
     release_registers<kProducerRegisters>();
     if (warp == 0 && lane == 0) {
-      mbarrier_arrive_expect_tx(q_full, L::kConsumers * L::kSeqTileBytes);
-      for (int c = 0; c < L::kConsumers; ++c)
-        for (int ch = 0; ch < L::kChunks; ++ch)
-          tma_load<5>(smem + L::kQ + c * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.q, q_full,
-                      {ch * 64, q_block + c * L::kRows, h, n, b});
-      const int th = plan.tile_varies_h ? h : 0, tn = plan.tile_varies_n ? n : 0, tb = plan.tile_varies_b ? b : 0;
       const uint32_t bytes = 2 * L::kSeqTileBytes + (plan.has_tile ? L::kConsumers * L::kBiasTileBytes : 0);
-      for (int j = 0; j < plan.k_tiles; ++j) {
-        const int s = j % L::kStages;
-        if (j >= L::kStages) mbarrier_wait(&empty[s], (j / L::kStages - 1) & 1);
-        mbarrier_arrive_expect_tx(&full[s], bytes);
-        for (int ch = 0; ch < L::kChunks; ++ch) {
-          tma_load<5>(smem + L::kK + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.k, &full[s],
-                      {ch * 64, j * 64, h, n, b});
-          tma_load<5>(smem + L::kV + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.v, &full[s],
-                      {ch * 64, j * 64, h, n, b});
-        }
-        if (plan.has_tile) {
-          for (int c = 0; c < L::kConsumers; ++c)
-            tma_load<5>(smem + L::kTile + (s * L::kConsumers + c) * L::kBiasTileBytes, &plan.tile, &full[s],
-                        {j * 64, q_block + c * L::kRows, th, tn, tb});
+      uint32_t it0 = 0, local = 0;
+      for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
+        const FwdItem x = fwd_item(item, plan, p);
+        if (local > 0) mbarrier_wait(q_empty, (local - 1) & 1);
+        mbarrier_arrive_expect_tx(q_full, L::kConsumers * L::kSeqTileBytes);
+        for (int c = 0; c < L::kConsumers; ++c)
+          for (int ch = 0; ch < L::kChunks; ++ch)
+            tma_load<5>(smem + L::kQ + c * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.q, q_full,
+                        {ch * 64, x.q_block + c * L::kRows, x.h, x.n, x.b});
+        const int th = plan.tile_varies_h ? x.h : 0, tn = plan.tile_varies_n ? x.n : 0,
+                  tb = plan.tile_varies_b ? x.b : 0;
+        for (int j = 0; j < plan.k_tiles; ++j) {
+          const uint32_t it = it0 + j, s = it % L::kStages;
+          if (it >= L::kStages) mbarrier_wait(&empty[s], (it / L::kStages - 1) & 1);
+          mbarrier_arrive_expect_tx(&full[s], bytes);
+          for (int ch = 0; ch < L::kChunks; ++ch) {
+            tma_load<5>(smem + L::kK + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.k, &full[s],
+                        {ch * 64, j * 64, x.h, x.n, x.b});
+            tma_load<5>(smem + L::kV + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.v, &full[s],
+                        {ch * 64, j * 64, x.h, x.n, x.b});
+          }
+          if (plan.has_tile) {
+            for (int c = 0; c < L::kConsumers; ++c)
+              tma_load<5>(smem + L::kTile + (s * L::kConsumers + c) * L::kBiasTileBytes, &plan.tile, &full[s],
+                          {j * 64, x.q_block + c * L::kRows, th, tn, tb});
+          }
         }
       }
     } else if (warp == 1) {
       // The key biases, a ring's worth of tiles loaded at once, the next group's loads in flight
       // while this group's values wait for their stages.
       constexpr int kGroup = L::kStages;
-      float next[kGroup][2];
-      load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, b, n, h, 0, lane);
-      for (int j0 = 0; j0 < plan.k_tiles; j0 += kGroup) {
-        float cur[kGroup][2];
-        for (int t = 0; t < kGroup; ++t)
-          for (int i = 0; i < 2; ++i) cur[t][i] = next[t][i] * kLog2e;  // -inf stays -inf
-        if (j0 + kGroup < plan.k_tiles) {
-          load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, b, n, h, j0 + kGroup, lane);
-        }
-        for (int t = 0; t < kGroup && j0 + t < plan.k_tiles; ++t) {
-          const int j = j0 + t, s = j % L::kStages;
-          if (j >= L::kStages) mbarrier_wait(&empty[s], (j / L::kStages - 1) & 1);
-          key_bias[s * L::kRows + lane] = cur[t][0];
-          key_bias[s * L::kRows + lane + 32] = cur[t][1];
-          mbarrier_arrive(&full[s]);
+      uint32_t it0 = 0;
+      for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, it0 += plan.k_tiles) {
+        const FwdItem x = fwd_item(item, plan, p);
+        float next[kGroup][2];
+        load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n, x.h, 0, lane);
+        for (int j0 = 0; j0 < plan.k_tiles; j0 += kGroup) {
+          float cur[kGroup][2];
+          for (int t = 0; t < kGroup; ++t)
+            for (int i = 0; i < 2; ++i) cur[t][i] = next[t][i] * kLog2e;  // -inf stays -inf
+          if (j0 + kGroup < plan.k_tiles) {
+            load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n, x.h,
+                                             j0 + kGroup, lane);
+          }
+          for (int t = 0; t < kGroup && j0 + t < plan.k_tiles; ++t) {
+            const uint32_t it = it0 + j0 + t, s = it % L::kStages;
+            if (it >= L::kStages) mbarrier_wait(&empty[s], (it / L::kStages - 1) & 1);
+            key_bias[s * L::kRows + lane] = cur[t][0];
+            key_bias[s * L::kRows + lane + 32] = cur[t][1];
+            mbarrier_arrive(&full[s]);
+          }
         }
       }
     }
@@ -236,17 +262,17 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int c = wg - 1, w = warp % 4, g = lane / 4, t = lane % 4;
   const uint8_t* q_tile = smem + L::kQ + c * L::kSeqTileBytes;
   float acc_o[kHeadDim / 2];
-  for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.0f;
   float s_acc[32];
   for (int i = 0; i < 32; ++i) s_acc[i] = 0.0f;
   // P of the tiles in turn in two register sets: tile j's is written while tile j - 1's P V
   // still reads the other (one set would serialize the wgmma: ptxas C7513).
   uint32_t pa[2][4][4];
   RowSoftmax softmax;
+  uint32_t it0 = 0;
 
-  // mainloop, S = Q K^T of key tile j (issued, not waited for)
+  // mainloop, S = Q K^T of the item's key tile j (issued, not waited for)
   auto issue_qk = [&](int j) {
-    const uint8_t* k_tile = smem + L::kK + (j % L::kStages) * L::kSeqTileBytes;
+    const uint8_t* k_tile = smem + L::kK + ((it0 + j) % L::kStages) * L::kSeqTileBytes;
     for (int ch = 0; ch < L::kChunks; ++ch) {
       for (int kk = 0; kk < L::kChunk / 16; ++kk) {
         const int off = ch * L::kChunkBytes + kk * 32;
@@ -258,7 +284,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   };
   // mainloop, O += P V of key tile j (issued, not waited for)
   auto issue_pv = [&](int j, const uint32_t (&p_tile)[4][4]) {
-    const uint8_t* v_tile = smem + L::kV + (j % L::kStages) * L::kSeqTileBytes;
+    const uint8_t* v_tile = smem + L::kV + ((it0 + j) % L::kStages) * L::kSeqTileBytes;
     for (int kp = 0; kp < 4; ++kp) {
       wgmma_rs<Element, kHeadDim>(
           acc_o, p_tile[kp], smem_desc<L::kRowBytes>(v_tile + kp * 16 * L::kRowBytes, L::kChunkBytes, 8 * L::kRowBytes),
@@ -268,7 +294,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   };
   // softmax of key tile j, whose S has landed in s_acc, into P; returns whether O needs a rescale
   auto softmax_tile = [&](int j, uint32_t (&p_tile)[4][4]) {
-    const int s = j % L::kStages;
+    const uint32_t s = (it0 + j) % L::kStages;
     float x[32];
     if (plan.has_tile) {
       scores<Element, true>(x, s_acc, key_bias + s * L::kRows,
@@ -280,67 +306,79 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     softmax.exponentiate<Element>(x, p_tile);
     return moved;
   };
-  auto release = [&](int j) {
+  auto arrive = [&](uint64_t* bar) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&empty[j % L::kStages]);
+    if (lane == 0) mbarrier_arrive(bar);
+  };
+  auto wait_full = [&](int j) {
+    const uint32_t it = it0 + j;
+    mbarrier_wait(&full[it % L::kStages], (it / L::kStages) & 1);
   };
   // Tile j's QK^T runs while tile j - 1's P V is issued behind it; tile j's softmax runs while
-  // that P V does; O's rescale waits for it.
+  // that P V does; O's rescale waits for it. Q is released after the item's last QK^T.
   auto step = [&](int j, const uint32_t (&p_prev)[4][4], uint32_t (&p_next)[4][4]) {
-    mbarrier_wait(&full[j % L::kStages], (j / L::kStages) & 1);
+    wait_full(j);
     wgmma_fence();
     issue_qk(j);
     issue_pv(j - 1, p_prev);
     wgmma_wait<1>();
     fence_registers(s_acc);
+    if (j + 1 == plan.k_tiles) arrive(q_empty);
     const bool moved = softmax_tile(j, p_next);
     wgmma_wait<0>();
     fence_registers(acc_o);
-    release(j - 1);
+    arrive(&empty[(it0 + j - 1) % L::kStages]);
     if (moved) softmax.rescale(acc_o);
   };
 
-  mbarrier_wait(q_full, 0);
-  mbarrier_wait(&full[0], 0);
-  wgmma_fence();
-  issue_qk(0);
-  wgmma_wait<0>();
-  fence_registers(s_acc);
-  softmax_tile(0, pa[0]);
-  for (int j = 1; j < plan.k_tiles; j += 2) {
-    step(j, pa[0], pa[1]);
-    if (j + 1 < plan.k_tiles) step(j + 1, pa[1], pa[0]);
-  }
-  wgmma_fence();
-  if ((plan.k_tiles - 1) & 1) {
-    issue_pv(plan.k_tiles - 1, pa[1]);
-  } else {
-    issue_pv(plan.k_tiles - 1, pa[0]);
-  }
-  wgmma_wait<0>();
-  fence_registers(acc_o);
-  release(plan.k_tiles - 1);
-
-  // epilogue: O / l and the LSE
-  for (int r = 0; r < 2; ++r) {
-    const float inv = softmax.finish(r);
-    const int64_t q = q_block + c * L::kRows + 16 * w + g + 8 * r;
-    if (q >= p.Lq) continue;
-    Element* out = static_cast<Element*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + q * p.o_stride.l +
-                   h * p.o_stride.h;
-    for (int d = 0; d < kHeadDim / 8; ++d) {
-      const int col = 8 * d + 2 * t;
-      const float v0 = acc_o[4 * d + 2 * r] * inv, v1 = acc_o[4 * d + 2 * r + 1] * inv;
-      if (plan.pairs_o && col + 1 < p.D) {
-        *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(v0, v1);
-      } else {
-        if (col < p.D) out[col] = from_float<Element>(v0);
-        if (col + 1 < p.D) out[col + 1] = from_float<Element>(v1);
-      }
+  uint32_t local = 0;
+  for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
+    const FwdItem x = fwd_item(item, plan, p);
+    for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.0f;
+    softmax = RowSoftmax{};
+    mbarrier_wait(q_full, local & 1);
+    wait_full(0);
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_registers(s_acc);
+    if (plan.k_tiles == 1) arrive(q_empty);
+    softmax_tile(0, pa[0]);
+    for (int j = 1; j < plan.k_tiles; j += 2) {
+      step(j, pa[0], pa[1]);
+      if (j + 1 < plan.k_tiles) step(j + 1, pa[1], pa[0]);
     }
-    if (t == 0 && p.lse != nullptr) {
-      p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + q * p.lse_stride_q] =
-          row_lse(softmax.row_max[r], softmax.row_sum[r]);
+    wgmma_fence();
+    if ((plan.k_tiles - 1) & 1) {
+      issue_pv(plan.k_tiles - 1, pa[1]);
+    } else {
+      issue_pv(plan.k_tiles - 1, pa[0]);
+    }
+    wgmma_wait<0>();
+    fence_registers(acc_o);
+    arrive(&empty[(it0 + plan.k_tiles - 1) % L::kStages]);
+
+    // epilogue: O / l and the LSE
+    for (int r = 0; r < 2; ++r) {
+      const float inv = softmax.finish(r);
+      const int64_t q = x.q_block + c * L::kRows + 16 * w + g + 8 * r;
+      if (q >= p.Lq) continue;
+      Element* out = static_cast<Element*>(p.o) + x.b * p.o_stride.b + x.n * p.o_stride.n + q * p.o_stride.l +
+                     x.h * p.o_stride.h;
+      for (int d = 0; d < kHeadDim / 8; ++d) {
+        const int col = 8 * d + 2 * t;
+        const float v0 = acc_o[4 * d + 2 * r] * inv, v1 = acc_o[4 * d + 2 * r + 1] * inv;
+        if (plan.pairs_o && col + 1 < p.D) {
+          *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(v0, v1);
+        } else {
+          if (col < p.D) out[col] = from_float<Element>(v0);
+          if (col + 1 < p.D) out[col + 1] = from_float<Element>(v1);
+        }
+      }
+      if (t == 0 && p.lse != nullptr) {
+        p.lse[x.b * p.lse_stride_b + x.n * p.lse_stride_n + x.h * p.lse_stride_h + q * p.lse_stride_q] =
+            row_lse(softmax.row_max[r], softmax.row_sum[r]);
+      }
     }
   }
 }
@@ -351,7 +389,10 @@ cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream
   static_assert(kBytes <= 227 * 1024, "shared memory per block on sm_90");
   auto* kernel = fwd_kernel<Element, kHeadDim>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)) return e;
-  const size_t blocks = static_cast<size_t>(p.B * p.N * p.H) * plan.q_blocks;
+  int sms = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device)) return e;
+  const int64_t items = p.B * p.N * p.H * plan.q_blocks;  // fwd_usable: below 2^31
+  const size_t blocks = static_cast<size_t>(items < sms ? items : sms);  // one block an SM, persistent
   return launch_kernel(kernel, blocks, kFwdThreads, kBytes, stream, plan, p);
 }
 
