@@ -153,7 +153,11 @@ cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, cudaStream_t 
   cuda::hopper::FwdPlan hopper_plan;
   if (cudaError_t e = cuda::hopper::make_fwd_plan(p, plan, &hopper_plan)) return e;
   return with_head_dim(p.D, [&](auto hd) {
-    return cuda::hopper::run_fwd<Element, decltype(hd)::value>(p, hopper_plan, stream);
+    constexpr int kHeadDim = decltype(hd)::value;
+    if constexpr (cuda::hopper::fwd_max_consumers(kHeadDim) == 3) {
+      if (hopper_plan.consumers == 3) return cuda::hopper::run_fwd<Element, kHeadDim, 3>(p, hopper_plan, stream);
+    }
+    return cuda::hopper::run_fwd<Element, kHeadDim, 2>(p, hopper_plan, stream);
   });
 #else
   (void)p;

@@ -101,12 +101,18 @@ list(APPEND EVOATTN_SOURCES
 )
 # The Hopper family: compiled for sm_90a alone (src/CMakeLists.txt).
 set(EVOATTN_HOPPER_SOURCES
-  cuda/hopper/instantiations/fwd_fp16_hdim16.cu
-  cuda/hopper/instantiations/fwd_fp16_hdim32.cu
-  cuda/hopper/instantiations/fwd_fp16_hdim64.cu
-  cuda/hopper/instantiations/fwd_fp16_hdim128.cu
-  cuda/hopper/instantiations/fwd_bf16_hdim16.cu
-  cuda/hopper/instantiations/fwd_bf16_hdim32.cu
-  cuda/hopper/instantiations/fwd_bf16_hdim64.cu
-  cuda/hopper/instantiations/fwd_bf16_hdim128.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim16_c2.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim16_c3.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim32_c2.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim32_c3.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim64_c2.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim64_c3.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim128_c2.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim16_c2.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim16_c3.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim32_c2.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim32_c3.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim64_c2.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim64_c3.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim128_c2.cu
 )

@@ -1,13 +1,14 @@
 // Forward kernel for float16 / bfloat16 on Hopper (sm_90a), after FlashAttention-3.
 //
-//   block = three warpgroups, one per SM, walking work items (128 query rows, two tiles of 64,
-//   of one (b, n, h)); the ring of key tiles runs on across items
-//   warpgroup 0, the producer (64 registers a thread):
+//   block = a producer warpgroup and fwd_consumers (3 at head dims <= 64, else 2) consumer
+//   warpgroups, one block per SM, walking work items (64 query rows a consumer, of one
+//   (b, n, h)); the ring of key tiles runs on across items
+//   warpgroup 0, the producer (kProducerRegisters a thread):
 //     warp 0: Q by TMA once; then per key tile K, V and each consumer's tile-bias box by TMA into
 //             a stage of a kStages ring (full / empty mbarriers)
 //     warp 1: the key tile's key biases into the same stage: every key slot summed, x log2 e;
 //             -inf past Lk
-//   warpgroups 1 and 2, the consumers (216 registers): one 64-row query tile each;
+//   warpgroups 1.., the consumers (kConsumerRegisters): one 64-row query tile each;
 //   for each key tile:
 //     mainloop  S = Q K^T                       (wgmma; Q, K from shared memory)
 //     softmax   x = S scale log2 e + key bias + tile bias log2 e  (score_log2, as every kernel)
@@ -34,9 +35,18 @@ namespace evoattn::cuda::hopper {
 
 // The block's shared memory, in bytes from a 1024-byte aligned base: every tile is as TMA
 // writes it (rows swizzled as wide as they are, wgmma.cuh), 1024-byte aligned.
-template <int kHeadDim>
+template <int kHeadDim, int kConsumerCount>
 struct FwdLayout {
-  static constexpr int kConsumers = 2;
+  static constexpr int kConsumers = kConsumerCount;
+  static constexpr int kBlockRows = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  // setmaxnreg moves registers within the block's allocation (65536 / kThreads a thread, in
+  // steps of 8), so the producer's 128 x kProducerRegisters and the consumers' must fit it: a
+  // consumer that asks for more waits forever.
+  static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
+  static constexpr int kProducerRegisters = 64;
+  static constexpr int kConsumerRegisters =
+      ((kLaunchRegisters * kThreads - 128 * kProducerRegisters) / (128 * kConsumers)) / 8 * 8;
   static constexpr int kRows = 64;  // query rows per consumer; keys per tile
   static constexpr int kStages = fwd_stages(kHeadDim);
   static constexpr int kChunk = kHeadDim < 64 ? kHeadDim : 64;  // elements of a swizzled row
@@ -53,16 +63,11 @@ struct FwdLayout {
   static constexpr int kBarriers = kKeyBias + kStages * kRows * 4;
   static constexpr int kBytes = kBarriers + (2 + 2 * kStages) * 8 + 1024;
   static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0, "swizzle atoms stay aligned");
-  static_assert(kBytes == fwd_smem_bytes(kHeadDim), "fwd_plan.h counts this layout");
+  static_assert(kBytes == fwd_smem_bytes(kHeadDim, kConsumers), "fwd_plan.h counts this layout");
+  static_assert(kConsumers == 2 || (kConsumers == 3 && kConsumers <= fwd_max_consumers(kHeadDim)), "consumers");
   static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128, "head-dim buckets");
 };
 
-// setmaxnreg moves registers within the block's allocation (168 a thread at 384 threads), so
-// 128 x 64 + 256 x 216 <= 384 x 168: a consumer that asks for more waits forever.
-constexpr int kProducerRegisters = 64;
-constexpr int kConsumerRegisters = 216;
-constexpr int kFwdThreads = 384;
-static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kFwdThreads * 168, "register budget");
 
 // Bias values of two adjacent keys, packed as the tile stores them, as floats.
 template <typename Element>
@@ -152,9 +157,10 @@ __device__ __forceinline__ void load_key_biases(float (&v)[kTiles][2], const Fwd
 struct FwdItem {
   int q_block, h, n, b;
 };
+template <int kBlockRows>
 __device__ __forceinline__ FwdItem fwd_item(uint32_t item, const FwdPlan& plan, const FwdParams& p) {
   FwdItem it;
-  it.q_block = static_cast<int>(item % plan.q_blocks) * kFwdBlockRows;
+  it.q_block = static_cast<int>(item % plan.q_blocks) * kBlockRows;
   item /= plan.q_blocks;
   it.h = static_cast<int>(item % p.H);
   item /= p.H;
@@ -163,10 +169,10 @@ __device__ __forceinline__ FwdItem fwd_item(uint32_t item, const FwdPlan& plan, 
   return it;
 }
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(kFwdThreads, 1)
+template <typename Element, int kHeadDim, int kConsumers>
+__global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdPlan plan, const FwdParams p) {
-  using L = FwdLayout<kHeadDim>;
+  using L = FwdLayout<kHeadDim, kConsumers>;
   extern __shared__ uint8_t smem_raw[];
   // Offset from smem_raw (not a cast through an integer) so the compiler keeps the pointers in the
   // shared window (LDS, not generic loads).
@@ -196,12 +202,12 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   if (wg == 0) {
     // ---- producer ----
-    release_registers<kProducerRegisters>();
+    release_registers<L::kProducerRegisters>();
     if (warp == 0 && lane == 0) {
       const uint32_t bytes = 2 * L::kSeqTileBytes + (plan.has_tile ? L::kConsumers * L::kBiasTileBytes : 0);
       uint32_t it0 = 0, local = 0;
       for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
-        const FwdItem x = fwd_item(item, plan, p);
+        const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
         if (local > 0) mbarrier_wait(q_empty, (local - 1) & 1);
         mbarrier_arrive_expect_tx(q_full, L::kConsumers * L::kSeqTileBytes);
         for (int c = 0; c < L::kConsumers; ++c)
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       constexpr int kGroup = L::kStages;
       uint32_t it0 = 0;
       for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, it0 += plan.k_tiles) {
-        const FwdItem x = fwd_item(item, plan, p);
+        const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
         float next[kGroup][2];
         load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n, x.h, 0, lane);
         for (int j0 = 0; j0 < plan.k_tiles; j0 += kGroup) {
@@ -258,7 +264,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   }
 
   // ---- consumers ----
-  claim_registers<kConsumerRegisters>();
+  claim_registers<L::kConsumerRegisters>();
   const int c = wg - 1, w = warp % 4, g = lane / 4, t = lane % 4;
   const uint8_t* q_tile = smem + L::kQ + c * L::kSeqTileBytes;
   float acc_o[kHeadDim / 2];
@@ -333,7 +339,16 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   uint32_t local = 0;
   for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
-    const FwdItem x = fwd_item(item, plan, p);
+    const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
+    if (x.q_block + L::kRows * c >= p.Lq) {
+      // Rows past Lq only (the last q-block of a ragged Lq): keep the ring's count, skip the work.
+      arrive(q_empty);
+      for (int j = 0; j < plan.k_tiles; ++j) {
+        wait_full(j);
+        arrive(&empty[(it0 + j) % L::kStages]);
+      }
+      continue;
+    }
     for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.0f;
     softmax = RowSoftmax{};
     mbarrier_wait(q_full, local & 1);
@@ -383,17 +398,18 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   }
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
-  constexpr size_t kBytes = FwdLayout<kHeadDim>::kBytes;
+  using L = FwdLayout<kHeadDim, kConsumers>;
+  constexpr size_t kBytes = L::kBytes;
   static_assert(kBytes <= 227 * 1024, "shared memory per block on sm_90");
-  auto* kernel = fwd_kernel<Element, kHeadDim>;
+  auto* kernel = fwd_kernel<Element, kHeadDim, kConsumers>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)) return e;
   int sms = 0;
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device)) return e;
   const int64_t items = p.B * p.N * p.H * plan.q_blocks;  // fwd_usable: below 2^31
   const size_t blocks = static_cast<size_t>(items < sms ? items : sms);  // one block an SM, persistent
-  return launch_kernel(kernel, blocks, kFwdThreads, kBytes, stream, plan, p);
+  return launch_kernel(kernel, blocks, L::kThreads, kBytes, stream, plan, p);
 }
 
 }  // namespace evoattn::cuda::hopper

@@ -48,7 +48,8 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   if (major != 9 || !tma_encoder_available() || p.D > kMaxHeadDim) return false;
   if (plan.tile_slots != 0 && plan.tile_fast_slot < 0) return false;
   if (p.o_stride.d != 1) return false;
-  const int64_t blocks = p.B * p.N * p.H * ((p.Lq + kFwdBlockRows - 1) / kFwdBlockRows);
+  const int rows = 64 * fwd_consumers_for(bucket_of(p.D), p.Lq);
+  const int64_t blocks = p.B * p.N * p.H * ((p.Lq + rows - 1) / rows);
   if (blocks >= (int64_t{1} << 31)) return false;
   if (!tma_legal(seq_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_shape(p, p.k_stride, p.Lk), p.k) ||
       !tma_legal(seq_shape(p, p.v_stride, p.Lk), p.v)) {
@@ -56,7 +57,7 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   }
   if (plan.tile_fast_slot >= 0 && !tma_legal(tile_shape(p, plan.tile_single), plan.tile_single.ptr)) return false;
   size_t allowed = 0;
-  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket_of(p.D)) <= allowed;
+  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket_of(p.D), fwd_consumers_for(bucket_of(p.D), p.Lq)) <= allowed;
 #endif
 }
 
@@ -74,7 +75,8 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;
   }
-  out->q_blocks = static_cast<int32_t>((p.Lq + kFwdBlockRows - 1) / kFwdBlockRows);
+  out->consumers = fwd_consumers_for(bucket_of(p.D), p.Lq);
+  out->q_blocks = static_cast<int32_t>((p.Lq + 64 * out->consumers - 1) / (64 * out->consumers));
   out->k_tiles = static_cast<int32_t>((p.Lk + 63) / 64);
   out->key_slots = plan.key_slots;
   out->key_single_slot = plan.key_single_slot >= 0 && plan.key_single.dtype == p.dtype ? plan.key_single_slot : -1;

@@ -12,15 +12,23 @@
 
 namespace evoattn::cuda::hopper {
 
-// Query rows a block takes: two consumer warpgroups of 64.
-constexpr int kFwdBlockRows = 128;
+// Consumer warpgroups a block has, 64 query rows each: three where their registers allow it
+// (head dims up to 64: more warps to hide the softmax's latencies) and Lq fills their 192-row
+// blocks about as well as two's 128 (fwd_consumers_for), else two.
+constexpr int fwd_max_consumers(int head_dim_bucket) { return head_dim_bucket <= 64 ? 3 : 2; }
+inline int fwd_consumers_for(int head_dim_bucket, int64_t Lq) {
+  if (fwd_max_consumers(head_dim_bucket) == 2) return 2;
+  const int64_t rows3 = (Lq + 191) / 192 * 192, rows2 = (Lq + 127) / 128 * 128;
+  return rows3 * 20 <= rows2 * 23 ? 3 : 2;  // at most 15% more rows
+}
 
 struct FwdPlan {
   // Q, K, V as [B, N, H, L, D] (coordinates {d, row, h, n, b}) in boxes of 64 rows and at most
   // 64 columns; the tile bias as [B, N, H, Lq, Lk] ({key, query, h, n, b}) in boxes of 64 x 64,
   // size 1 along the dimensions it broadcasts on.
   CUtensorMap q, k, v, tile;
-  int32_t q_blocks;    // ceil(Lq / kFwdBlockRows)
+  int32_t consumers;   // fwd_consumers_for: 2 or 3
+  int32_t q_blocks;    // ceil(Lq / (64 consumers))
   int32_t k_tiles;     // ceil(Lk / 64)
   uint32_t key_slots;  // LaunchPlan::key_slots
   int32_t key_single_slot;  // the only key slot where it holds the inputs' dtype, else -1
@@ -49,13 +57,14 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
 // behind the consumers' work on the tiles before it.
 constexpr int fwd_stages(int head_dim_bucket) { return head_dim_bucket <= 64 ? 4 : 3; }
 
-// The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): two Q
-// tiles; the stages of K, V, two tile-bias boxes and 64 key biases; their mbarriers and Q's two;
+// The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): a Q
+// tile per consumer; the stages of K, V, a tile-bias box per consumer and 64 key biases; their mbarriers and Q's two;
 // 1 KB to align the base to 1024 bytes.
-constexpr size_t fwd_smem_bytes(int head_dim_bucket) {
+constexpr size_t fwd_smem_bytes(int head_dim_bucket, int consumer_count) {
   const size_t seq_tile = size_t{64} * head_dim_bucket * 2;
-  const size_t stages = fwd_stages(head_dim_bucket);
-  return 2 * seq_tile + stages * (2 * seq_tile + 2 * 64 * 64 * 2 + 64 * 4) + (2 + 2 * stages) * 8 + 1024;
+  const size_t stages = fwd_stages(head_dim_bucket), consumers = consumer_count;
+  return consumers * seq_tile + stages * (2 * seq_tile + consumers * 64 * 64 * 2 + 64 * 4) + (2 + 2 * stages) * 8 +
+         1024;
 }
 
 }  // namespace evoattn::cuda::hopper

@@ -11,8 +11,9 @@
 namespace evoattn::cuda::hopper {
 
 // float16 / bfloat16, head-dim buckets 16, 32, 64, 128 (D up to the bucket; columns past D are
-// zero in the copies and never stored): fwd_kernel.cuh.
-template <typename Element, int kHeadDim>
+// zero in the copies and never stored), kConsumers consumer warpgroups (FwdPlan::consumers; 3
+// only at buckets up to 64): fwd_kernel.cuh.
+template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream);
 
 }  // namespace evoattn::cuda::hopper
