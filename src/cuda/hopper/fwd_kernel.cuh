@@ -191,10 +191,10 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
-    mbarrier_init(q_empty, L::kConsumers * 4);      // each consumer warp, after its item's last QK^T
+    mbarrier_init(q_empty, L::kConsumers * 128);    // each consumer thread, after its item's last QK^T
     for (int s = 0; s < L::kStages; ++s) {
       mbarrier_init(&full[s], 1 + 32);              // the TMA thread and the key-bias warp
-      mbarrier_init(&empty[s], L::kConsumers * 4);  // each consumer warp
+      mbarrier_init(&empty[s], L::kConsumers * 128);  // each consumer thread
     }
   }
   __syncthreads();
@@ -312,9 +312,13 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     softmax.exponentiate<Element>(x, p_tile);
     return moved;
   };
+  // A release of shared memory this thread read (a stage, or Q), by every consumer thread: each
+  // one's own reads (the key biases, the bias box by ldmatrix) are then ordered before the
+  // refill by its own release (compute-sanitizer's racecheck flags one elected arrival after
+  // __syncwarp), and its generic-proxy reads before the refill's TMA writes by the proxy fence.
   auto arrive = [&](uint64_t* bar) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(bar);
+    fence_proxy_async();
+    mbarrier_arrive(bar);
   };
   auto wait_full = [&](int j) {
     const uint32_t it = it0 + j;
@@ -342,6 +346,9 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
     if (x.q_block + L::kRows * c >= p.Lq) {
       // Rows past Lq only (the last q-block of a ragged Lq): keep the ring's count, skip the work.
+      // Q's arrival waits for the item's Q as the others' do: an arrival before it would count
+      // towards the previous item's release while the other consumers still read its Q.
+      mbarrier_wait(q_full, local & 1);
       arrive(q_empty);
       for (int j = 0; j < plan.k_tiles; ++j) {
         wait_full(j);
