@@ -44,6 +44,8 @@ evoattn_status_t cpu_backward(const BwdParams& p);
 
 bool cuda_backend_available();
 evoattn_status_t cuda_forward(const FwdParams& p, void* stream);
+// Makes the launch plan once, checks p.workspace against the layout it gives
+// (cuda_backward_workspace_bytes' number), then launches.
 evoattn_status_t cuda_backward(const BwdParams& p, void* stream);
 
 }  // namespace evoattn

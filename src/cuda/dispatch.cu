@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "api/error.h"
+#include "api/validate.h"
 #include "backend.h"
 #include "cuda/hopper/kernels.h"
 #include "cuda/kernels.h"
@@ -327,9 +328,21 @@ cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, const Works
 }
 
 template <typename Element>
-cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
+cudaError_t bwd_mma_run(const BwdParams& p, LaunchPlan plan, const WorkspaceLayout& layout, cudaStream_t stream);
+
+// The launch plan is made once per call, here; the workspace is checked against the layout it
+// gives (the size query, evoattn_backward_workspace_size, makes the same plan from the same
+// descriptors).
+template <typename Element>
+evoattn_status_t bwd_mma(const char* fn, const BwdParams& p, cudaStream_t stream) {
   LaunchPlan plan = bwd_launch_plan(p);
   const WorkspaceLayout layout = workspace_layout(p, plan);
+  EVOATTN_RETURN_IF_ERROR(validate_workspace(fn, p.workspace, p.workspace_bytes, layout.total));
+  return cuda_status(fn, bwd_mma_run<Element>(p, plan, layout, stream));
+}
+
+template <typename Element>
+cudaError_t bwd_mma_run(const BwdParams& p, LaunchPlan plan, const WorkspaceLayout& layout, cudaStream_t stream) {
   if (layout.dq_accum_offset != 0) {
     char* base = static_cast<char*>(p.workspace);
     plan.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum_offset);
@@ -347,7 +360,7 @@ cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
   });
 }
 
-cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
+cudaError_t bwd_simt_run(const BwdParams& p, cudaStream_t stream) {
   const LaunchPlan plan = cuda::make_launch_plan(p, cuda::kSimtTile, cuda::kSimtTile);
   if (cudaError_t e = cuda::run_simt_stats(p, stream)) return e;
   if (cudaError_t e = cuda::run_simt_dkdv(p, stream)) return e;
@@ -359,9 +372,16 @@ cudaError_t bwd_simt(const BwdParams& p, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+// float32: the workspace is the row statistics alone (workspace_layout never chunks it).
+evoattn_status_t bwd_simt(const char* fn, const BwdParams& p, cudaStream_t stream) {
+  EVOATTN_RETURN_IF_ERROR(validate_workspace(fn, p.workspace, p.workspace_bytes, row_stats_bytes(p)));
+  return cuda_status(fn, bwd_simt_run(p, stream));
+}
+
 }  // namespace
 
 size_t cuda_backward_workspace_bytes(const BwdParams& p) {
+  if (p.dtype == DType::kF32) return row_stats_bytes(p);
   return workspace_layout(p, bwd_launch_plan(p)).total;
 }
 
@@ -389,9 +409,9 @@ evoattn_status_t cuda_backward(const BwdParams& p, void* stream_ptr) {
   if (guard.status() != cudaSuccess) return cuda_status(fn, guard.status());
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   switch (p.dtype) {
-    case DType::kF16: return cuda_status(fn, bwd_mma<__half>(p, stream));
-    case DType::kBF16: return cuda_status(fn, bwd_mma<__nv_bfloat16>(p, stream));
-    default: return cuda_status(fn, bwd_simt(p, stream));
+    case DType::kF16: return bwd_mma<__half>(fn, p, stream);
+    case DType::kBF16: return bwd_mma<__nv_bfloat16>(fn, p, stream);
+    default: return bwd_simt(fn, p, stream);
   }
 }
 
