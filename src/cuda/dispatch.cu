@@ -10,7 +10,7 @@
 #include "api/validate.h"
 #include "backend.h"
 #include "cuda/hopper/kernels.h"
-#include "cuda/kernels.h"
+#include "cuda/portable/kernels.h"
 #include "cuda/launch_plan.h"
 #include "cuda/smem_budget.h"
 #include "cuda/tma_maps.h"

@@ -22,13 +22,13 @@
 
 #include <cstdint>
 
-#include "cuda/element.cuh"
+#include "cuda/common/element.cuh"
 #include "cuda/hopper/fwd_plan.h"
 #include "cuda/hopper/softmax.cuh"
 #include "cuda/hopper/wgmma.cuh"
 #include "cuda/kernel_launch.h"
-#include "cuda/online_softmax.cuh"
-#include "cuda/ptx.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/ptx.cuh"
 #include "params.h"
 
 namespace evoattn::cuda::hopper {

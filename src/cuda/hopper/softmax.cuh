@@ -6,9 +6,9 @@
 // maxima and rescales the row sums; rescale() applies the same factors to O afterwards.
 #pragma once
 
-#include "cuda/element.cuh"
-#include "cuda/online_softmax.cuh"
-#include "cuda/ptx.cuh"
+#include "cuda/common/element.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/ptx.cuh"
 
 namespace evoattn::cuda::hopper {
 

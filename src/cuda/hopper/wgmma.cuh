@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "cuda/ptx.cuh"
+#include "cuda/common/ptx.cuh"
 
 namespace evoattn::cuda::hopper {
 
