@@ -126,7 +126,7 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       // Head dim 64, fast, a shared tile: the wide-warp kernel (fwd_warp_m_tiles) where two of
       // its warp groups fit one SM of this GPU (109 KB each, one block of both: the H100) and its
       // groups still share the tile; its copies by TMA where the GPU, the strides and the shared
-      // memory allow (tma_maps.h; H100: tri256d64 forward 0.192 -> 0.165 ms).
+      // memory allow (tma_maps.h; PERF v34).
       if constexpr (kFast && kHeadDim == 64) {
         constexpr int kGroups = cuda::kWideFwdGroups;
         constexpr size_t kBytes =

@@ -319,9 +319,9 @@ inline bool one_fast_layout_tile(const FwdParams& p) {
 }
 // Whether the fast backward may run the 32-key-warp dK/dV kernel: D 24 or 32 (head-dim bucket
 // 32 with 16-byte rows, as the fast path needs); 4, 6 or at least 7 key tiles (its 128-key
-// blocks take key tiles in pairs, so an odd count leaves half a block empty: on an H100, f+b,
-// 8% slower than the 16-key kernel at 3 key tiles, 4% at 5, 6% faster at 7, 2-12% faster at
-// 4, 6 and 12; 2 was not measured, PERF v22); and one bias varying along Lq whose
+// blocks take key tiles in pairs, so an odd count leaves half a block empty: slower than the
+// 16-key kernel at 3 and 5 key tiles, faster at 4, 6, 7 and 12; 2 was not measured, PERF v22);
+// and one bias varying along Lq whose
 // layout the fast tile path takes (the data's alignment is checked at the call). From the
 // descriptors, not the data, as the workspace query must decide it too: the running dQ then
 // stays in the workspace (LaunchPlan::dq_in_smem off). bwd_launch_plan also asks for fuse_dq

@@ -70,14 +70,14 @@ struct BwdKeyTraits {
   // one key tile wide), the running dQ in shared memory, one block of eight warps per SM.
   static_assert(kKeyTiles == 1 || (kKeyTiles == 2 && kFast && kHeadDim == 64), "key pairs: fast, head dim 64");
   // Three blocks per SM for head dim 16 (registers capped at 168), two up to 64: at three the
-  // D = 32 loop spills, and on an H100 two unspilled blocks ran the backward 8-12% faster.
+  // D = 32 loop spills, and two unspilled blocks ran the backward faster.
   // Without tile-bias code the D = 32 loop fits 168 registers (its spills lie outside the
   // query-tile loop), so that instantiation runs three.
   static constexpr int kMinBlocksPerSm = kKeyTiles == 2 ? 1 : dkdv_blocks_per_sm(kHeadDim, kNoTile);
   // The warp's K and V A-fragments (constant over a key tile) are loaded at its first query
   // tile and held in registers, not read from shared memory every query tile (the kernel's
   // busiest unit): 16 registers in the head-dim-32 fast kernel with a tile, which fits them
-  // unspilled at 255 (f+b 0.3-0.8% faster, PERF v21). Its no-tile (168) and generic variants
+  // unspilled at 255 (PERF v21). Its no-tile (168) and generic variants
   // spill with them, and 32 at head dim 64 would too.
   static constexpr bool kHoldKeyFragments = kHeadDim == 32 && kFast && !kNoTile;
   // Key pairs keep K, V, Q and dO in 128-byte rows with swizzled chunks (SwizzledRows64, in the
@@ -378,15 +378,14 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
 
         // delta_in_dkdv: the first key block's tiles get their Delta here, published by one more
         // barrier before dS. (Computed in the step before, behind its dQ barrier, it made that
-        // barrier wait for the next tile's copies: the pass 50 us slower on tri256d64, ncu.)
+        // barrier wait for the next tile's copies, ncu.)
         const bool delta_now = delta_here && kt == kt_first;
         if (delta_now) compute_delta(qt, stage, last_step);
         const Element* Qs = sQ + stage * T::kQueryElems;
         const Element* dOs = sdO + stage * T::kQueryElems;
         // S^T = K Q^T and dP^T = V dO^T: A from K / V rows of this warp, B from Q / dO rows.
         // Up to head dim 32 dP^T's accumulators start at -Delta of their columns (queries), so
-        // they end as dP^T - Delta: one FADD a score less (H100, same-run A/B: msacol and extramsa
-        // f+b 2% faster); at 64 and 128 that cost the loop spills (tri256d64 f+b 2% slower).
+        // they end as dP^T - Delta: one FADD a score less; at 64 and 128 that cost the loop spills.
         constexpr bool kDeltaInit = kHeadDim <= 32;
         const float* dlt = sStats + stage * 3 * kBlockM;
         const float* row_max = dlt + kBlockM;

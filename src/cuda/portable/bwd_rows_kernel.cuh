@@ -99,8 +99,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
                     const __grid_constant__ RowsTask task) {
   using T = BwdRowTraits<Element, kHeadDim>;
   constexpr bool kDq = kJob == RowsJob::kDq, kOverN = kJob == RowsJob::kBiasOverN;
-  // Over n at head dims 32 and up, one barrier per n (H100, same-run A/B: tri256d64 f+b 1.115 ->
-  // 1.087 ms); head dim 16 keeps two (extramsa 16.70 -> 16.90 with one).
+  // Over n at head dims 32 and up, one barrier per n; head dim 16 keeps two (one was slower).
   constexpr bool kOneBarrier = kOverN && kHeadDim >= 32;
   static_assert(!kOverN || kFast, "the n walk copies 16-byte chunks");
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;

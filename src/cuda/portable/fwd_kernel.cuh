@@ -53,26 +53,23 @@ struct FwdTraits {
   // Two blocks per SM where shared memory allows it (head dim <= 32): caps registers at 128.
   // Wide warps (head dim 64): two blocks of two groups (255 registers at most; now two warp
   // groups of one block, kWarpGroups), so each one's barrier per key tile holds back four
-  // warps, not eight (H100, same-run A/B against one block of four groups: tri256d64 forward
-  // 0.227 -> 0.211 ms).
+  // warps, not eight.
   static constexpr int kMinBlocksPerSm = kHeadDim <= 32 || kWarpMTiles == 2 ? 2 : 1;
   // One block per SM (head dim >= 64, four-warp groups) walks several work items, starting
-  // each item's loads during the previous item's last key tile: H100, tri256d64 forward 7%
-  // faster. So do the wide-warp blocks (two per SM; each warp loads its own rows of the next
-  // item's Q after its last QK^T): tri256d64 forward 2% faster, the next item's loads and this
-  // one's O stores in flight together. At D <= 32 the other block hides an item's start, and
-  // the walk's extra live registers cost the 128-register loop 10-20%.
+  // each item's loads during the previous item's last key tile. So do the wide-warp blocks (two
+  // per SM; each warp loads its own rows of the next item's Q after its last QK^T): the next
+  // item's loads and this one's O stores in flight together. At D <= 32 the other block hides
+  // an item's start, and the walk's extra live registers cost the 128-register loop.
   static constexpr bool kPersistent = kMinBlocksPerSm == 1 || kWarpMTiles == 2;
   // Per-tile instruction cuts (kLeanTile): without a tile bias the tile buffers hold zeros and
   // are read unconditionally (no zeroing of the predicated reads' registers, 15 CS2R a tile), and
   // each row's four max / sum partials start from the first four column tiles (16 FMNMX /
-  // FADD). H100, same-run A/B: the D = 16 forward 3-4% faster, D = 64 2%; at D = 32 they
-  // cost its 128-register loop three spill reloads a tile and 1-3% (tri256, msarow), so D = 32
+  // FADD). At D = 32 they cost its 128-register loop three spill reloads a tile, so D = 32
   // keeps the older form where the tile kind is known only at run time (see kLean in the
   // kernel). kKeysInTwoWarps: two warps of a group load the key biases, one key
   // per lane, and the other two skip that (~40 instructions a tile); balanced is better where
-  // a barrier waits on the slowest warp with no spare warp to fill the gap: D = 16 5% faster,
-  // D = 32 +8% on apb768, D = 64 +6%; the D = 32 kernels for one tile kind take it too (see there).
+  // a barrier waits on the slowest warp with no spare warp to fill the gap (D = 16; the D = 32
+  // kernels for one tile kind take it too, see there).
   static constexpr bool kLeanTile = kSmemHeadDim != 32;
   static constexpr bool kKeysInTwoWarps = kHeadDim <= 16;
   static constexpr int kRowStride = kSmemHeadDim + 8;
@@ -104,11 +101,7 @@ struct FwdTraits {
   // Wide warps run as two warp groups of one block (kPingPong in the kernel): each group of four
   // warps walks its own items, in its own kSmemBytes, as the two blocks did, and the two take
   // turns at the tensor cores. A scheduler holds one warp of each, so one's mmas overlap the
-  // other's softmax instead of meeting them. H100, same-run A/Bs, tri256d64 forward: two blocks
-  // 0.197-0.201 ms; one block of two warp groups without turns 0.225 (the runtime shared-memory
-  // base and named barriers alone, in two blocks: 0.208); with turns at QK^T only and the
-  // rotated roles below 0.201; with the turns below 0.196. Each group's code compiled apart (a
-  // constant base): 0.203-0.206.
+  // other's softmax instead of meeting them.
   static constexpr int kWarpGroups = kWarpMTiles == 2 ? 2 : 1;
   static constexpr int kCtaThreads = kWarpGroups * kThreads;
   static constexpr int kCtaMinBlocksPerSm = kMinBlocksPerSm / kWarpGroups;
@@ -185,8 +178,7 @@ __global__ void __launch_bounds__(
 
   // Group 1's warps take their roles rotated by one (warp 4 of the block is its warp 1, ...): a
   // scheduler then holds warps of different rows of the two groups, as with two blocks (which
-  // the GPU places rotated: read from %warpid). H100, same-run A/B: tri256d64 forward
-  // 0.202-0.203 -> 0.194 ms.
+  // the GPU places rotated: read from %warpid).
   const int tid = kPingPong && wg == 1 ? (static_cast<int>(threadIdx.x) + 32) % T::kThreads
                                         : static_cast<int>(threadIdx.x),
             lane = tid % 32, warp = tid / 32;
@@ -274,23 +266,18 @@ __global__ void __launch_bounds__(
   constexpr bool kOneTileKind = kTile != FwdTile::kAny;
   const bool shared_tile = kSharedTile || (!kOwnTile && plan.pair_over_n && plan.tile_shared_over_n);
   // kLean: FwdTraits::kLeanTile's cuts, also at D = 32 in the kernels compiled for one tile
-  // kind: with no predicated tile reads they cost that loop no spills (H100: msarow forward
-  // 0.360 -> 0.353 ms, b4tri384 1.11 -> 1.08).
+  // kind: with no predicated tile reads they cost that loop no spills.
   constexpr bool kLean = T::kLeanTile || kOneTileKind;
   // The online softmax in two spans of 32 keys where registers allow: head dim <= 16, the
-  // D = 32 kernels without tile code or with the shared tile, and the wide-warp one (H100,
-  // same-run A/Bs: extramsa and template forward 5% faster, msacol 1.4%; the shared-tile
-  // kernel, unspilled since its item indices are 32-bit, msarow 0.329 -> 0.325 ms, b4tri384
-  // 0.984 -> 0.966, it ran 3% slower while it spilled; the wide-warp D = 64 kernel, tri256d64
-  // 0.235 -> 0.231); the D = 64 kernels of four-warp groups ran 1% slower.
+  // D = 32 kernels without tile code or with the shared tile, and the wide-warp one; the D = 64
+  // kernels of four-warp groups ran slower with two.
   // kPingPong: one span (P V waits for the next turn, after the whole tile's softmax).
   constexpr int kSoftmaxSpans = !kPingPong && (kHeadDim <= 16 || kNoTile || kSharedTile) ? 2 : 1;
   // Q's fragments stay in registers across an item's key tiles, except in wide warps (two row
-  // tiles): read from shared memory there every tile, their 32 registers went to the loop
-  // (H100, same-run A/B: tri256d64 forward 0.277 -> 0.237 ms: no spills, fewer waits for the
-  // copies' address registers). Elsewhere from shared memory was within noise (msarow and
-  // extramsa 1% slower, b4tri384 1% faster). Only blocks walking items (kPersistent) load the
-  // next item's Q during the last key tile, so they keep Q in registers.
+  // tiles): read from shared memory there every tile, their 32 registers went to the loop (no
+  // spills, fewer waits for the copies' address registers). Elsewhere it made no difference
+  // beyond noise. Only blocks walking items (kPersistent) load the next item's Q during the last
+  // key tile, so they keep Q in registers.
   constexpr bool kQInRegs = kMT == 1;
 
   Element* myQ = sQ + group * kBlockM * kRowStride;
@@ -320,9 +307,7 @@ __global__ void __launch_bounds__(
   const BiasFill fill = bias_fill_slice<T::kThreads>(shared_tile, tid, group_tid);
   const bool vec_q = kFast || plan.vec_q, vec_k = kFast || plan.vec_k, vec_v = kFast || plan.vec_v;
   // Key-bias loaders: 16 lanes of each of the group's 4 warps, or all lanes of its first two.
-  // Also in the kernels compiled for one tile kind (H100, same-run A/Bs at D = 32: shared tile,
-  // b4tri384 forward 1.079 -> 1.047 ms, tri768 1.99 -> 1.90, msarow 0.352 -> 0.339; no tile,
-  // msacol 0.488 -> 0.451).
+  // Also in the kernels compiled for one tile kind.
   constexpr bool kKeysInTwoWarps = T::kKeysInTwoWarps || kOneTileKind;
   static_assert(kKeysInTwoWarps || T::kGroupWarps == 4, "16 keys a warp need four warps");
   const int key_slot = kKeysInTwoWarps ? (warp % T::kGroupWarps) * 32 + lane : (warp % 4) * 16 + lane;
@@ -681,7 +666,7 @@ __global__ void __launch_bounds__(
           for (int r = 0; r < 2; ++r) local_max[mt][r] = combine_partials<true>(part_max[r]);
         }
         // The first scores set the reference without the rescale's products: wide warps only
-        // (H100, same-run A/B: tri256d64 forward 1% faster; tri256 0.8% slower).
+        // (elsewhere it was slower).
         online_softmax_lazy<kMT, kDTiles>(local_max, row_max, row_sum, acc_o, m_use,
                                           kMT == 2 && it == 0 && span == 0);
         #pragma unroll
@@ -792,8 +777,7 @@ __global__ void __launch_bounds__(
       }
     }
     // A whole query tile on the fast path: O packed before the stores (store_acc_tiles_packed),
-    // in 32-bit offsets, with no per-row test. H100, same-run A/B with the wide warps' walk:
-    // tri256d64 forward 0.2062 -> 0.2009 ms, tri256 0.0779 -> 0.0774.
+    // in 32-bit offsets, with no per-row test.
     const bool whole_tile = kFast && cur.i0 + kBlockM <= static_cast<Index>(p.Lq) && plan.pairs_o &&
                             p.D == 8 * kDTiles;
     // 1 / row sum of row tile mt's rows g, g + 8 into inv, and their LSE out (rows below Lq).

@@ -39,8 +39,8 @@ __device__ __forceinline__ float row_dot(const Element* x, int64_t x_stride, con
 
 // 2^lanes_log2 threads per row (row_stats_lanes_log2: 1, 2 or 4), each summing every such
 // 16-byte chunk of dO . O, then shuffles. Wide rows want several lanes: one thread per row left
-// each load instruction 32 rows apart (H100, tri256d64: 69 -> 59 us with 4 lanes), while at
-// D = 32 four lanes of one chunk each were slower than one (61 -> 75 us, msarow). Rows are
+// each load instruction 32 rows apart, while at D = 32 four lanes of one chunk each were slower
+// than one. Rows are
 // walked in memory order: with `heads_inner` (O and dO's head stride below their row stride,
 // as in [B, N, L, H, D]) h varies fastest, so a warp reads contiguous bytes; the statistics
 // are still stored in (b, n, h, i) order.
@@ -157,8 +157,7 @@ __global__ void __launch_bounds__(256) row_stats_kernel(const __grid_constant__ 
 
 // Without Delta (the key-pair dK/dV computes it), with the LSE in the statistics' own
 // [B, N, H, Lq] order and rows a multiple of 4 (row_stats_from_lse): four rows a thread in
-// 16-byte loads and stores, so a grid of one wave where one thread a row took two (H100,
-// tri256d64: 8.7 -> 5.4 us, ncu at the GPU's own clocks; instructions 3.8 -> 0.5 M).
+// 16-byte loads and stores, so a grid of one wave where one thread a row took two.
 template <typename Element>
 __global__ void __launch_bounds__(256) row_stats_from_lse_kernel(const __grid_constant__ BwdParams p, int* zero,
                                                                  int64_t zero_count) {

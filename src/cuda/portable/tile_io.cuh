@@ -215,8 +215,7 @@ struct SeqTileStream : SeqTileShape<kRows, kHeadDim, kThreads> {
     } else {
       const int64_t left64 = num_rows - row0;
       // A whole tile, and the thread's chunk inside D: no per-chunk bounds. Only with several
-      // chunks a thread (H100, same-run A/B: D = 32 forwards 1-5% faster; at D = 16, one chunk,
-      // 1-2% slower).
+      // chunks a thread (with one, at D = 16, it was slower).
       if (kPasses >= 2 && left64 >= kRows && row < kRows) {
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {
@@ -525,7 +524,7 @@ struct SwizzledRows32 {
 // bytes) with their 16-byte chunks XOR-swizzled by row % 8: the 8 rows of one ldmatrix matrix
 // land in distinct banks, and a row's cp.async store fills one 128-byte line. (Rows padded to
 // 72 elements instead, as before, cost 10.5 shared wavefronts per copy instruction where 4 are
-// ideal (ncu); the swizzle ran the forward 1-4% faster, PERF v22.) A stage keeps the padded
+// ideal (ncu); PERF v22.) A stage keeps the padded
 // layout's 64 x 72 allocation: shrinking it changes every kernel's shared-memory size.
 struct RawBiasTile {
   static constexpr int kElems = kTile * (kTile + 8);  // one stage's allocation
