@@ -14,6 +14,7 @@
 #include "cuda/launch_plan.h"
 #include "cuda/smem_budget.h"
 #include "cuda/tma_maps.h"
+#include "cuda/variants.h"
 
 namespace evoattn {
 namespace {
@@ -86,7 +87,7 @@ cudaError_t run_fwd_groups(const FwdParams& p, const LaunchPlan& plan, cudaStrea
   if constexpr (kHeadDim <= 32) {
     return cuda::run_fwd<Element, kHeadDim, cuda::kSmallHeadDimFwdGroups, kFast>(p, plan, stream);
   } else {
-    if constexpr (kHeadDim == 64) {
+    if constexpr (cuda::variants::fwd_groups(kHeadDim, 3)) {
       if (plan.fwd_groups == 3) return cuda::run_fwd<Element, kHeadDim, 3, kFast>(p, plan, stream);
     }
     return plan.fwd_groups == 2 ? cuda::run_fwd<Element, kHeadDim, 2, kFast>(p, plan, stream)
@@ -101,9 +102,9 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
   return with_head_dim(p.D, [&](auto hd) {
     constexpr int kHeadDim = decltype(hd)::value;
     // Head dim <= 32, fast: the kernels compiled for no tile bias, a shared fast tile, or each
-    // group's own (gen_instantiations.py's FWD_TILE_KINDS).
+    // group's own (variants.h).
     using cuda::FwdTile;
-    if constexpr (kFast && kHeadDim <= 32) {
+    if constexpr (kFast && cuda::variants::fwd_tile_kinds(kHeadDim)) {
       constexpr int kGroups = cuda::kSmallHeadDimFwdGroups;
       if (plan.tile_slots == 0) {
         return cuda::run_fwd<Element, kHeadDim, kGroups, true, FwdTile::kNone>(p, plan, stream);
@@ -113,7 +114,7 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       }
       // The fast path's only tile bias is the fast tile. Head dim 24 (AlphaFold 3's pair-bias
       // attention, N = 1) has its own narrower kernels for it, also one without key biases.
-      if constexpr (kHeadDim == 32) {
+      if constexpr (cuda::variants::fwd_head_dim_24(kHeadDim)) {
         if (p.D == 24) {
           if (cuda::fwd_key_bias_free(plan, p.Lk)) {
             return cuda::run_fwd<Element, 24, kGroups, true, FwdTile::kOwn, false>(p, plan, stream);
@@ -127,7 +128,7 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
       // its warp groups fit one SM of this GPU (109 KB each, one block of both: the H100) and its
       // groups still share the tile; its copies by TMA where the GPU, the strides and the shared
       // memory allow (tma_maps.h; PERF v34).
-      if constexpr (kFast && kHeadDim == 64) {
+      if constexpr (kFast && cuda::variants::fwd_wide(kHeadDim)) {
         constexpr int kGroups = cuda::kWideFwdGroups;
         constexpr size_t kBytes =
             cuda::fwd_smem_bytes(kHeadDim, kGroups, cuda::fwd_warp_m_tiles(kHeadDim, FwdTile::kShared));
@@ -155,7 +156,7 @@ cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, cudaStream_t 
   if (cudaError_t e = cuda::hopper::make_fwd_plan(p, plan, &hopper_plan)) return e;
   return with_head_dim(p.D, [&](auto hd) {
     constexpr int kHeadDim = decltype(hd)::value;
-    if constexpr (cuda::hopper::fwd_max_consumers(kHeadDim) == 3) {
+    if constexpr (cuda::variants::hopper_fwd_consumers(kHeadDim, 3)) {
       if (hopper_plan.consumers == 3) return cuda::hopper::run_fwd<Element, kHeadDim, 3>(p, hopper_plan, stream);
     }
     return cuda::hopper::run_fwd<Element, kHeadDim, 2>(p, hopper_plan, stream);
@@ -285,17 +286,17 @@ template <typename Element, int kHeadDim, bool kFast>
 cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout,
                          cudaStream_t stream) {
   auto run_dkdv = [&] {
-    if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's DKDV_NO_TILE_HEAD_DIMS
+    if constexpr (kFast && cuda::variants::dkdv_no_tile(kHeadDim)) {
       if (cuda::dkdv_no_tile(p, kHeadDim)) {
         return cuda::run_bwd_dkdv<Element, kHeadDim, true, true>(p, plan, stream);
       }
     }
-    if constexpr (kFast && kHeadDim == 32) {  // gen_instantiations.py's DKDV_WIDE_HEAD_DIMS
+    if constexpr (kFast && cuda::variants::dkdv_wide(kHeadDim)) {
       if (plan.dkdv_wide && plan.tile_fast_slot >= 0) {
         return cuda::run_bwd_dkdv_wide<Element, kHeadDim>(p, plan, stream);
       }
     }
-    if constexpr (kFast && kHeadDim == 64) {  // gen_instantiations.py's DKDV_KEY_PAIRS_HEAD_DIMS
+    if constexpr (kFast && cuda::variants::dkdv_key_pairs(kHeadDim)) {
       if (plan.dkdv_key_pairs) return cuda::run_bwd_dkdv<Element, kHeadDim, true, false, 2>(p, plan, stream);
     }
     return cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream);
@@ -309,7 +310,7 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
                           : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
                                                      layout.partial_offset[slot]);
     const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, partials);
-    if constexpr (kFast && (kHeadDim == 32 || kHeadDim == 64)) {  // gen_instantiations.py's PAIR_BIAS_HEAD_DIMS
+    if constexpr (kFast && cuda::variants::pair_bias_key_pairs(kHeadDim)) {
       if (plan.tile_fast_slot >= 0 && cuda::pair_bias_key_pairs(p, plan, task)) {
         if (cudaError_t e = cuda::run_bwd_pair_bias<Element, kHeadDim>(p, plan, task, stream)) return e;
         continue;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/launch_plan.h"
+#include "cuda/variants.h"
 #include "params.h"
 
 namespace evoattn::cuda::hopper {
@@ -15,7 +16,9 @@ namespace evoattn::cuda::hopper {
 // Consumer warpgroups a block has, 64 query rows each: three where their registers allow it
 // (head dims up to 64: more warps to hide the softmax's latencies) and Lq fills their 192-row
 // blocks about as well as two's 128 (fwd_consumers_for), else two.
-constexpr int fwd_max_consumers(int head_dim_bucket) { return head_dim_bucket <= 64 ? 3 : 2; }
+constexpr int fwd_max_consumers(int head_dim_bucket) {
+  return variants::hopper_fwd_consumers(head_dim_bucket, 3) ? 3 : 2;
+}
 inline int fwd_consumers_for(int head_dim_bucket, int64_t Lq) {
   if (fwd_max_consumers(head_dim_bucket) == 2) return 2;
   const int64_t rows3 = (Lq + 191) / 192 * 192, rows2 = (Lq + 127) / 128 * 128;
