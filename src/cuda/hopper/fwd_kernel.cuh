@@ -1,20 +1,21 @@
 // Forward kernel for float16 / bfloat16 on Hopper (sm_90a), after FlashAttention-3.
 //
-//   block = a producer warpgroup and fwd_consumers (3 at head dims <= 64, else 2) consumer
-//   warpgroups, one block per SM, walking work items (64 query rows a consumer, of one
-//   (b, n, h)); the ring of key tiles runs on across items
+//   block = a producer warpgroup and kConsumers consumer warpgroups (fwd_consumers_for: 3 at
+//   head dims <= 64 where Lq fills 192-row blocks, else 2), one block per SM, walking work items
+//   (64 query rows a consumer, of one (b, n, h)); the ring of key tiles runs on across items
 //   warpgroup 0, the producer (kProducerRegisters a thread):
-//     warp 0: Q by TMA once; then per key tile K, V and each consumer's tile-bias box by TMA into
-//             a stage of a kStages ring (full / empty mbarriers)
+//     warp 0: each item's Q by TMA once the consumers released the last one (q_empty); then per
+//             key tile K, V and each consumer's tile-bias box by TMA into a stage of a kStages
+//             ring (full / empty mbarriers)
 //     warp 1: the key tile's key biases into the same stage: every key slot summed, x log2 e;
 //             -inf past Lk
 //   warpgroups 1.., the consumers (kConsumerRegisters): one 64-row query tile each;
 //   for each key tile:
 //     mainloop  S = Q K^T                       (wgmma; Q, K from shared memory)
 //     softmax   x = S scale log2 e + key bias + tile bias log2 e  (score_log2, as every kernel)
-//               m: a lazy reference max (online_softmax_lazy); P = 2^(x - m); l += rowsum P
+//               m: a lazy reference max (RowSoftmax); P = 2^(x - m); l += rowsum P
 //     mainloop  O += P V                        (wgmma; P from registers, V transposed)
-//               release the stage
+//               release the stage (every consumer thread)
 //   epilogue  O /= l; LSE = (m + log2 l) ln 2   (l = 0: a fully masked row, O = 0, LSE = -inf)
 #pragma once
 
@@ -23,12 +24,12 @@
 #include <cstdint>
 
 #include "cuda/common/element.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/hopper/fwd_plan.h"
 #include "cuda/hopper/softmax.cuh"
 #include "cuda/hopper/wgmma.cuh"
 #include "cuda/kernel_launch.h"
-#include "cuda/common/online_softmax.cuh"
-#include "cuda/common/ptx.cuh"
 #include "params.h"
 
 namespace evoattn::cuda::hopper {
