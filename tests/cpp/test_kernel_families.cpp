@@ -19,6 +19,9 @@
 
 #ifdef EVOATTN_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/hopper/fwd_plan.h"
+#include "cuda/variants.h"
 #endif
 
 namespace evoattn::test {
@@ -101,6 +104,33 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
 
+#endif
+
+#ifdef EVOATTN_WITH_CUDA
+// The Hopper forward's host-side choices, checked without a GPU: three consumer warpgroups only
+// where an instantiation has them and Lq fills 192-row blocks within 15% of 128-row ones; every
+// (bucket, consumers) layout fits the 227 KB an sm_90 block may take.
+TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
+  using cuda::hopper::fwd_consumers_for;
+  EXPECT_EQ(fwd_consumers_for(32, 768), 3);  // 4 blocks of 192 rows, as many rows as 6 of 128
+  EXPECT_EQ(fwd_consumers_for(32, 384), 3);
+  EXPECT_EQ(fwd_consumers_for(32, 512), 3);  // 576 rows against 512: 12.5% more
+  EXPECT_EQ(fwd_consumers_for(32, 256), 2);  // 384 rows against 256
+  EXPECT_EQ(fwd_consumers_for(64, 64), 2);
+  EXPECT_EQ(fwd_consumers_for(16, 192), 3);
+  EXPECT_EQ(fwd_consumers_for(128, 768), 2);  // no three-consumer instantiation at 128
+  for (int bucket : {16, 32, 64, 128}) {
+    for (int64_t lq : {1, 17, 64, 65, 128, 192, 257, 384, 1000, 5120}) {
+      const int c = fwd_consumers_for(bucket, lq);
+      EXPECT_TRUE(cuda::variants::hopper_fwd_consumers(bucket, c)) << "bucket " << bucket << " Lq " << lq;
+      EXPECT_LE(cuda::hopper::fwd_smem_bytes(bucket, c), size_t{227} * 1024) << "bucket " << bucket;
+    }
+  }
+}
+#else
+TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
+  GTEST_SKIP() << "needs the CUDA backend's planner";
+}
 #endif
 
 }  // namespace
