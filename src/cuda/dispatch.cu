@@ -51,7 +51,7 @@ evoattn_status_t cuda_status(const char* fn, cudaError_t err) {
   return set_error(EVOATTN_ERROR_CUDA, std::string(fn) + ": CUDA error: " + cudaGetErrorString(err));
 }
 
-int head_dim_bucket(int D) { return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128; }
+using cuda::head_dim_bucket;
 
 // Calls launch(std::integral_constant<int, bucket>) for D's head-dim bucket: the one place the
 // runtime D picks a compiled kernel instantiation.
@@ -329,20 +329,6 @@ cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, const Works
 }
 
 template <typename Element>
-cudaError_t bwd_mma_run(const BwdParams& p, LaunchPlan plan, const WorkspaceLayout& layout, cudaStream_t stream);
-
-// The launch plan is made once per call, here; the workspace is checked against the layout it
-// gives (the size query, evoattn_backward_workspace_size, makes the same plan from the same
-// descriptors).
-template <typename Element>
-evoattn_status_t bwd_mma(const char* fn, const BwdParams& p, cudaStream_t stream) {
-  LaunchPlan plan = bwd_launch_plan(p);
-  const WorkspaceLayout layout = workspace_layout(p, plan);
-  EVOATTN_RETURN_IF_ERROR(validate_workspace(fn, p.workspace, p.workspace_bytes, layout.total));
-  return cuda_status(fn, bwd_mma_run<Element>(p, plan, layout, stream));
-}
-
-template <typename Element>
 cudaError_t bwd_mma_run(const BwdParams& p, LaunchPlan plan, const WorkspaceLayout& layout, cudaStream_t stream) {
   if (layout.dq_accum_offset != 0) {
     char* base = static_cast<char*>(p.workspace);
@@ -359,6 +345,17 @@ cudaError_t bwd_mma_run(const BwdParams& p, LaunchPlan plan, const WorkspaceLayo
   return with_head_dim(p.D, [&](auto hd) {
     return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, layout, stream);
   });
+}
+
+// The launch plan is made once per call, here; the workspace is checked against the layout it
+// gives (the size query, evoattn_backward_workspace_size, makes the same plan from the same
+// descriptors).
+template <typename Element>
+evoattn_status_t bwd_mma(const char* fn, const BwdParams& p, cudaStream_t stream) {
+  LaunchPlan plan = bwd_launch_plan(p);
+  const WorkspaceLayout layout = workspace_layout(p, plan);
+  EVOATTN_RETURN_IF_ERROR(validate_workspace(fn, p.workspace, p.workspace_bytes, layout.total));
+  return cuda_status(fn, bwd_mma_run<Element>(p, plan, layout, stream));
 }
 
 cudaError_t bwd_simt_run(const BwdParams& p, cudaStream_t stream) {

@@ -165,6 +165,8 @@ constexpr int64_t kMaxDqSlots = 400;
 
 // Tile edge of the mma.sync kernels and of a partial tile.
 constexpr int kTile = 64;
+// The head-dim bucket a call's D runs in: every kernel is compiled for D up to 16, 32, 64, 128.
+constexpr int head_dim_bucket(int D) { return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 // Forward work items (b, n, h, query tile) below which the groups split keys (pair_over_k):
 // 4 per SM (two blocks of two groups) on a 132-SM H100 is 528.
 constexpr int64_t kFewForwardItems = 512;

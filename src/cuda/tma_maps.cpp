@@ -64,6 +64,10 @@ cudaError_t encode_tma_map(CUtensorMap* map, const TensorShape& t, const void* p
 
 bool tma_encoder_available() { return encode_tiled() != nullptr; }
 
+TensorShape seq_tensor_shape(const FwdParams& p, const SeqStrides& s, int64_t L) {
+  return {5, {p.D, L, p.H, p.N, p.B}, {s.d, s.l, s.h, s.n, s.b}};
+}
+
 namespace {
 
 // Boxes of kTile x box_rows elements in 128-byte swizzled rows.
@@ -71,9 +75,6 @@ cudaError_t encode(CUtensorMap* map, const TensorShape& t, const void* ptr, int 
   return encode_tma_map(map, t, ptr, kTile, box_rows, 128);
 }
 
-TensorShape seq_shape(const FwdParams& p, const SeqStrides& s, int64_t L) {
-  return {5, {p.D, L, p.H, p.N, p.B}, {s.d, s.l, s.h, s.n, s.b}};
-}
 TensorShape tile_shape(const FwdParams& p, const LaunchPlan& plan) {
   const ScoreStrides& s = plan.tile_single.stride;
   return {4, {p.Lk, p.Lq, p.H, p.B}, {s.k, s.q, s.h, s.b}};
@@ -89,14 +90,14 @@ bool fwd_tma_usable(const FwdParams& p, const LaunchPlan& plan) {
     return false;
   }
   return major >= 9 && plan.tile_fast_slot >= 0 && tma_encoder_available() &&
-         tma_legal(seq_shape(p, p.k_stride, p.Lk), p.k) && tma_legal(seq_shape(p, p.v_stride, p.Lk), p.v) &&
-         tma_legal(seq_shape(p, p.o_stride, p.Lq), p.o) && tma_legal(tile_shape(p, plan), plan.tile_single.ptr);
+         tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) && tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v) &&
+         tma_legal(seq_tensor_shape(p, p.o_stride, p.Lq), p.o) && tma_legal(tile_shape(p, plan), plan.tile_single.ptr);
 }
 
 cudaError_t encode_fwd_tma_maps(const FwdParams& p, const LaunchPlan& plan, FwdTmaMaps* maps) {
-  if (cudaError_t e = encode(&maps->k, seq_shape(p, p.k_stride, p.Lk), p.k)) return e;
-  if (cudaError_t e = encode(&maps->v, seq_shape(p, p.v_stride, p.Lk), p.v)) return e;
-  if (cudaError_t e = encode(&maps->o, seq_shape(p, p.o_stride, p.Lq), p.o, kTmaStoreRows)) return e;
+  if (cudaError_t e = encode(&maps->k, seq_tensor_shape(p, p.k_stride, p.Lk), p.k)) return e;
+  if (cudaError_t e = encode(&maps->v, seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) return e;
+  if (cudaError_t e = encode(&maps->o, seq_tensor_shape(p, p.o_stride, p.Lq), p.o, kTmaStoreRows)) return e;
   return encode(&maps->bias, tile_shape(p, plan), plan.tile_single.ptr);
 }
 

@@ -19,6 +19,8 @@ struct TensorShape {
   int64_t size[5];
   int64_t stride[5];
 };
+// A [B, N, L, H, D] tensor (Q, K, V, O) as TMA sees it: {D, L, H, N, B}, innermost first.
+TensorShape seq_tensor_shape(const FwdParams& p, const SeqStrides& s, int64_t L);
 // Whether TMA takes the tensor at `ptr` (16-byte aligned base and strides, none negative).
 bool tma_legal(const TensorShape& t, const void* ptr);
 // Whether this driver has cuTensorMapEncodeTiled.

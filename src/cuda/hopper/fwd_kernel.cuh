@@ -153,8 +153,8 @@ __device__ __forceinline__ void load_key_biases(float (&v)[kTiles][2], const Fwd
   }
 }
 
-// An item's coordinates: 128 query rows (q_block) of one (b, n, h); q-blocks vary fastest, so
-// the blocks reading one (b, n, h)'s K and V run together.
+// An item's coordinates: kBlockRows query rows from q_block, of one (b, n, h); q-blocks vary
+// fastest, so the blocks reading one (b, n, h)'s K and V run together.
 struct FwdItem {
   int q_block, h, n, b;
 };

@@ -9,12 +9,6 @@
 namespace evoattn::cuda::hopper {
 namespace {
 
-int bucket_of(int D) { return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128; }
-
-TensorShape seq_shape(const FwdParams& p, const SeqStrides& s, int64_t L) {
-  return {5, {p.D, L, p.H, p.N, p.B}, {s.d, s.l, s.h, s.n, s.b}};
-}
-
 // The tile bias with size 1 along the dimensions it broadcasts on (stride 0).
 TensorShape tile_shape(const FwdParams& p, const BiasParams& t) {
   const ScoreStrides& s = t.stride;
@@ -48,25 +42,25 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   if (major != 9 || !tma_encoder_available() || p.D > kMaxHeadDim) return false;
   if (plan.tile_slots != 0 && plan.tile_fast_slot < 0) return false;
   if (p.o_stride.d != 1) return false;
-  const int rows = 64 * fwd_consumers_for(bucket_of(p.D), p.Lq);
-  const int64_t blocks = p.B * p.N * p.H * ((p.Lq + rows - 1) / rows);
+  const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers_for(bucket, p.Lq);
+  const int64_t blocks = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
   if (blocks >= (int64_t{1} << 31)) return false;
-  if (!tma_legal(seq_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_shape(p, p.k_stride, p.Lk), p.k) ||
-      !tma_legal(seq_shape(p, p.v_stride, p.Lk), p.v)) {
+  if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) ||
+      !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
     return false;
   }
   if (plan.tile_fast_slot >= 0 && !tma_legal(tile_shape(p, plan.tile_single), plan.tile_single.ptr)) return false;
   size_t allowed = 0;
-  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket_of(p.D), fwd_consumers_for(bucket_of(p.D), p.Lq)) <= allowed;
+  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket, consumers) <= allowed;
 #endif
 }
 
 cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* out) {
   *out = FwdPlan{};
-  const int chunk = bucket_of(p.D) < 64 ? bucket_of(p.D) : 64;
-  if (cudaError_t e = encode_tma_map(&out->q, seq_shape(p, p.q_stride, p.Lq), p.q, chunk, 64, chunk * 2)) return e;
-  if (cudaError_t e = encode_tma_map(&out->k, seq_shape(p, p.k_stride, p.Lk), p.k, chunk, 64, chunk * 2)) return e;
-  if (cudaError_t e = encode_tma_map(&out->v, seq_shape(p, p.v_stride, p.Lk), p.v, chunk, 64, chunk * 2)) return e;
+  const int bucket = head_dim_bucket(p.D), chunk = bucket < 64 ? bucket : 64;
+  if (cudaError_t e = encode_tma_map(&out->q, seq_tensor_shape(p, p.q_stride, p.Lq), p.q, chunk, 64, chunk * 2)) return e;
+  if (cudaError_t e = encode_tma_map(&out->k, seq_tensor_shape(p, p.k_stride, p.Lk), p.k, chunk, 64, chunk * 2)) return e;
+  if (cudaError_t e = encode_tma_map(&out->v, seq_tensor_shape(p, p.v_stride, p.Lk), p.v, chunk, 64, chunk * 2)) return e;
   out->has_tile = plan.tile_fast_slot >= 0;
   if (out->has_tile) {
     const BiasParams& t = plan.tile_single;
@@ -75,7 +69,7 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;
   }
-  out->consumers = fwd_consumers_for(bucket_of(p.D), p.Lq);
+  out->consumers = fwd_consumers_for(bucket, p.Lq);
   out->q_blocks = static_cast<int32_t>((p.Lq + 64 * out->consumers - 1) / (64 * out->consumers));
   out->k_tiles = static_cast<int32_t>((p.Lk + 63) / 64);
   out->key_slots = plan.key_slots;

@@ -42,8 +42,8 @@ struct FwdPlan {
 
 // The kernel family a call asks for: the environment variable EVOATTN_KERNEL_FAMILY, read at
 // every call, "hopper" or "portable"; unset, empty or "auto" picks per kernel what measured
-// faster (today the portable forward: the Hopper forward is still slower on every suite shape,
-// docs/perf/log.md v35). Anything else reads as auto.
+// faster (today the portable forward: the Hopper forward is faster on two of the nine suite
+// shapes only, docs/perf/log.md v36). Anything else reads as auto.
 enum class Family { kAuto, kHopper, kPortable };
 Family requested_family();
 
@@ -61,8 +61,8 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
 constexpr int fwd_stages(int head_dim_bucket) { return head_dim_bucket <= 64 ? 4 : 3; }
 
 // The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): a Q
-// tile per consumer; the stages of K, V, a tile-bias box per consumer and 64 key biases; their mbarriers and Q's two;
-// 1 KB to align the base to 1024 bytes.
+// tile per consumer; the stages of K, V, a tile-bias box per consumer and 64 key biases; their
+// mbarriers and Q's two; 1 KB to align the base to 1024 bytes.
 constexpr size_t fwd_smem_bytes(int head_dim_bucket, int consumer_count) {
   const size_t seq_tile = size_t{64} * head_dim_bucket * 2;
   const size_t stages = fwd_stages(head_dim_bucket), consumers = consumer_count;
