@@ -184,7 +184,10 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   uint64_t* empty = full + L::kStages;
   float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Warp-uniform as the compiler sees it (a shuffle of lane 0s value): wgmma behind a branch on
+  // it is not serialized (ptxas C7520).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   // A persistent grid: block x takes items x, x + gridDim.x, ...; the ring's tile counter runs on
   // across them (the item's i-th tile is the block's it0 + i-th), so the producer copies the next
   // item's first tiles while the consumers finish this one.
