@@ -85,17 +85,16 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
 }
 
 // The tile's log2-domain scores from the accumulators of S = Q K^T, the stage's key biases (x log2 e
-// already) and, with a tile bias, its box (128-byte swizzled rows, read by ldmatrix).
+// already) and, with a tile bias, its box at shared address `tile` (128-byte swizzled rows, read by
+// ldmatrix at this thread's offsets tile_offsets(), the same in every box).
 template <typename Element, bool kTileBias>
 __device__ __forceinline__ void scores(float (&x)[32], const float (&s_acc)[32], const float* key_bias,
-                                       const uint8_t* tile, float scale_log2, int w, int lane) {
+                                       uint32_t tile, const uint32_t (&offsets)[4], float scale_log2, int lane) {
   const int t = lane % 4;
   if constexpr (kTileBias) {
-    const int row = 16 * w + (lane & 7) + 8 * ((lane >> 3) & 1);
     for (int kp = 0; kp < 4; ++kp) {  // keys 16 kp .. 16 kp + 15
-      const int chunk = 2 * kp + (lane >> 4);
       uint32_t r[4];
-      ldmatrix_x4(r, tile + row * 128 + ((chunk ^ (row & 7)) * 16));
+      ldmatrix_x4(r, tile + offsets[kp]);
       for (int half = 0; half < 2; ++half) {  // column tiles 2 kp, 2 kp + 1
         const int j = 2 * kp + half;
         const float2 key = *reinterpret_cast<const float2*>(key_bias + 8 * j + 2 * t);
@@ -115,6 +114,14 @@ __device__ __forceinline__ void scores(float (&x)[32], const float (&s_acc)[32],
       x[4 * j + 3] = score_log2(s_acc[4 * j + 3], scale_log2, key.y);
     }
   }
+}
+
+// This thread's ldmatrix offsets in a 64 x 64 bias box (128-byte rows, 16-byte chunks swizzled by
+// the row's low three bits), keys 16 kp .. 16 kp + 15 of its warp's 16 rows: the same in every box,
+// so they are computed once.
+__device__ __forceinline__ void tile_offsets(uint32_t (&offsets)[4], int w, int lane) {
+  const int row = 16 * w + (lane & 7) + 8 * ((lane >> 3) & 1);
+  for (int kp = 0; kp < 4; ++kp) offsets[kp] = row * 128 + (((2 * kp + (lane >> 4)) ^ (row & 7)) * 16);
 }
 
 // The key biases of key tiles j0 .. j0 + kTiles - 1, two keys a lane per tile: every key slot
@@ -212,7 +219,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
       uint32_t it0 = 0, local = 0;
       for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
         const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
-        if (local > 0) mbarrier_wait(q_empty, (local - 1) & 1);
+        if (local > 0) mbarrier_wait_suspend(q_empty, (local - 1) & 1);
         mbarrier_arrive_expect_tx(q_full, L::kConsumers * L::kSeqTileBytes);
         for (int c = 0; c < L::kConsumers; ++c)
           for (int ch = 0; ch < L::kChunks; ++ch)
@@ -222,7 +229,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
                   tb = plan.tile_varies_b ? x.b : 0;
         for (int j = 0; j < plan.k_tiles; ++j) {
           const uint32_t it = it0 + j, s = it % L::kStages;
-          if (it >= L::kStages) mbarrier_wait(&empty[s], (it / L::kStages - 1) & 1);
+          if (it >= L::kStages) mbarrier_wait_suspend(&empty[s], (it / L::kStages - 1) & 1);
           mbarrier_arrive_expect_tx(&full[s], bytes);
           for (int ch = 0; ch < L::kChunks; ++ch) {
             tma_load<5>(smem + L::kK + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.k, &full[s],
@@ -256,7 +263,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
           }
           for (int t = 0; t < kGroup && j0 + t < plan.k_tiles; ++t) {
             const uint32_t it = it0 + j0 + t, s = it % L::kStages;
-            if (it >= L::kStages) mbarrier_wait(&empty[s], (it / L::kStages - 1) & 1);
+            if (it >= L::kStages) mbarrier_wait_suspend(&empty[s], (it / L::kStages - 1) & 1);
             key_bias[s * L::kRows + lane] = cur[t][0];
             key_bias[s * L::kRows + lane + 32] = cur[t][1];
             mbarrier_arrive(&full[s]);
@@ -279,38 +286,42 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   uint32_t pa[2][4][4];
   RowSoftmax softmax;
   uint32_t it0 = 0;
+  const uint32_t tile_base = smem_addr(smem + L::kTile);
+  uint32_t offsets[4];
+  tile_offsets(offsets, w, lane);
 
+  // The descriptors of Q and of stage 0's K and V; a stage or a k-step adds its offset (16-byte
+  // units) to the start address field, which no tile in the 227 KB window overflows.
+  const uint64_t q_desc = smem_desc<L::kRowBytes>(q_tile, 16, 8 * L::kRowBytes);
+  const uint64_t k_desc = smem_desc<L::kRowBytes>(smem + L::kK, 16, 8 * L::kRowBytes);
+  const uint64_t v_desc = smem_desc<L::kRowBytes>(smem + L::kV, L::kChunkBytes, 8 * L::kRowBytes);
+  auto stage_of = [&](int j) { return (it0 + j) % L::kStages; };
   // mainloop, S = Q K^T of the item's key tile j (issued, not waited for)
   auto issue_qk = [&](int j) {
-    const uint8_t* k_tile = smem + L::kK + ((it0 + j) % L::kStages) * L::kSeqTileBytes;
+    const uint64_t k_stage = k_desc + stage_of(j) * (L::kSeqTileBytes >> 4);
     for (int ch = 0; ch < L::kChunks; ++ch) {
       for (int kk = 0; kk < L::kChunk / 16; ++kk) {
-        const int off = ch * L::kChunkBytes + kk * 32;
-        wgmma_ss<Element, 64>(s_acc, smem_desc<L::kRowBytes>(q_tile + off, 16, 8 * L::kRowBytes),
-                              smem_desc<L::kRowBytes>(k_tile + off, 16, 8 * L::kRowBytes), ch + kk > 0);
+        const int off = (ch * L::kChunkBytes + kk * 32) >> 4;
+        wgmma_ss<Element, 64>(s_acc, q_desc + off, k_stage + off, ch + kk > 0);
       }
     }
     wgmma_commit();
   };
   // mainloop, O += P V of key tile j (issued, not waited for)
   auto issue_pv = [&](int j, const uint32_t (&p_tile)[4][4]) {
-    const uint8_t* v_tile = smem + L::kV + ((it0 + j) % L::kStages) * L::kSeqTileBytes;
-    for (int kp = 0; kp < 4; ++kp) {
-      wgmma_rs<Element, kHeadDim>(
-          acc_o, p_tile[kp], smem_desc<L::kRowBytes>(v_tile + kp * 16 * L::kRowBytes, L::kChunkBytes, 8 * L::kRowBytes),
-          1);
-    }
+    const uint64_t v_stage = v_desc + stage_of(j) * (L::kSeqTileBytes >> 4);
+    for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, kHeadDim>(acc_o, p_tile[kp], v_stage + ((kp * 16 * L::kRowBytes) >> 4), 1);
     wgmma_commit();
   };
   // softmax of key tile j, whose S has landed in s_acc, into P; returns whether O needs a rescale
   auto softmax_tile = [&](int j, uint32_t (&p_tile)[4][4]) {
-    const uint32_t s = (it0 + j) % L::kStages;
+    const uint32_t s = stage_of(j);
     float x[32];
     if (plan.has_tile) {
-      scores<Element, true>(x, s_acc, key_bias + s * L::kRows,
-                            smem + L::kTile + (s * L::kConsumers + c) * L::kBiasTileBytes, p.scale_log2, w, lane);
+      scores<Element, true>(x, s_acc, key_bias + s * L::kRows, tile_base + (s * L::kConsumers + c) * L::kBiasTileBytes,
+                            offsets, p.scale_log2, lane);
     } else {
-      scores<Element, false>(x, s_acc, key_bias + s * L::kRows, nullptr, p.scale_log2, w, lane);
+      scores<Element, false>(x, s_acc, key_bias + s * L::kRows, 0, offsets, p.scale_log2, lane);
     }
     const bool moved = softmax.update(x, j == 0);
     softmax.exponentiate<Element>(x, p_tile);
