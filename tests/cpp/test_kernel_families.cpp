@@ -1,7 +1,8 @@
 // The kernel families on one GPU: EVOATTN_KERNEL_FAMILY=hopper takes the Hopper forward
-// (src/cuda/hopper/) on compute capability 9.x, =portable the mma.sync kernels. The whole 16-bit
-// grid also runs under the Hopper switch (ctest's "hopper." tests, tests/cpp/CMakeLists.txt);
-// this test shows the switch reaches a different kernel, which agrees with the portable one.
+// (src/cuda/hopper/) on compute capability 9.x, =portable the mma.sync kernels, unset (auto) the
+// one that measured faster for the call. The whole 16-bit grid also runs under the Hopper switch
+// (ctest's "hopper." tests, tests/cpp/CMakeLists.txt); these tests show the switch reaches a
+// different kernel, which agrees with the portable one, and what auto takes.
 // Skipped without a GPU of compute capability 9.x or without the Hopper family in the build.
 #include <algorithm>
 #include <cmath>
@@ -98,9 +99,43 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
   }
 }
 
+// The automatic choice (EVOATTN_KERNEL_FAMILY unset) takes the Hopper forward where
+// fwd_auto_prefers_hopper says it is faster (head dim 32, Lq = 384, 1024 items), bit for bit the
+// forced Hopper one, and the portable forward elsewhere (head dim 64).
+TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
+  if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
+  std::mt19937_64 rng(97);
+  for (const int64_t D : {32, 64}) {
+    SCOPED_TRACE("D" + std::to_string(D));
+    const int64_t B = 1, N = 128, L = 384, H = 4;
+    auto random = [&](std::vector<int64_t> sizes, double lo, double hi) {
+      Tensor t = Tensor::empty(sizes, EVOATTN_BFLOAT16);
+      util::fill_uniform(t.view, rng, lo, hi);
+      return t.to(EVOATTN_DEVICE_CUDA);
+    };
+    const Tensor q = random({B, N, L, H, D}, -2, 2), k = random({B, N, L, H, D}, -2, 2),
+                 v = random({B, N, L, H, D}, -1, 1), mb = random({B, N, 1, 1, L}, -3, 0),
+                 pb = random({B, 1, H, L, L}, -2, 2);
+    Tensor o = Tensor::empty({B, N, L, H, D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
+    Tensor lse = Tensor::empty({B, N, H, L}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA);
+    const auto automatic = forward("auto", q, k, v, &mb, &pb, o, lse);
+    const auto hopper = forward("hopper", q, k, v, &mb, &pb, o, lse);
+    const auto portable = forward("portable", q, k, v, &mb, &pb, o, lse);
+    ASSERT_NE(hopper[1], portable[1]) << "the families' LSEs should differ in some last bit";
+    if (D == 32) {
+      EXPECT_EQ(automatic, hopper);
+    } else {
+      EXPECT_EQ(automatic, portable);
+    }
+  }
+}
+
 #else
 
 TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) {
+  GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
+}
+TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
 
@@ -119,6 +154,15 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_EQ(fwd_consumers_for(64, 64), 2);
   EXPECT_EQ(fwd_consumers_for(16, 192), 3);
   EXPECT_EQ(fwd_consumers_for(128, 768), 2);  // no three-consumer instantiation at 128
+  // The automatic choice: the suite shapes where the Hopper forward measured faster (132 SMs).
+  using cuda::hopper::fwd_auto_prefers_hopper;
+  EXPECT_TRUE(fwd_auto_prefers_hopper(32, 3, 768 * 4 * 4, 132));      // tri768
+  EXPECT_TRUE(fwd_auto_prefers_hopper(32, 3, 256 * 8 * 3, 132));      // msacol
+  EXPECT_TRUE(fwd_auto_prefers_hopper(32, 3, 4 * 384 * 4 * 2, 132));  // b4tri384
+  EXPECT_FALSE(fwd_auto_prefers_hopper(32, 2, 256 * 4 * 2, 132));     // tri256
+  EXPECT_FALSE(fwd_auto_prefers_hopper(32, 3, 1 * 16 * 4, 132));      // apb768: 64 items
+  EXPECT_FALSE(fwd_auto_prefers_hopper(16, 3, 5120 * 8 * 2, 132));    // extramsa (head dim 8)
+  EXPECT_FALSE(fwd_auto_prefers_hopper(64, 2, 256 * 8 * 2, 132));     // tri256d64
   for (int bucket : {16, 32, 64, 128}) {
     for (int64_t lq : {1, 17, 64, 65, 128, 192, 257, 384, 1000, 5120}) {
       const int c = fwd_consumers_for(bucket, lq);

@@ -33,18 +33,22 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   (void)plan;
   return false;
 #else
-  if (requested_family() != Family::kHopper) return false;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) != cudaSuccess) {
+  const Family family = requested_family();
+  if (family == Family::kPortable || p.D > kMaxHeadDim) return false;
+  const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers_for(bucket, p.Lq);
+  const int64_t items = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
+  if (items >= (int64_t{1} << 31)) return false;
+  int major = 0, sms = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  if (major != 9 || !tma_encoder_available() || p.D > kMaxHeadDim) return false;
+  if (major != 9) return false;
+  if (family == Family::kAuto && !fwd_auto_prefers_hopper(bucket, consumers, items, sms)) return false;
+  if (!tma_encoder_available()) return false;
   if (plan.tile_slots != 0 && plan.tile_fast_slot < 0) return false;
   if (p.o_stride.d != 1) return false;
-  const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers_for(bucket, p.Lq);
-  const int64_t blocks = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
-  if (blocks >= (int64_t{1} << 31)) return false;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) ||
       !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
     return false;

@@ -41,16 +41,24 @@ struct FwdPlan {
 };
 
 // The kernel family a call asks for: the environment variable EVOATTN_KERNEL_FAMILY, read at
-// every call, "hopper" or "portable"; unset, empty or "auto" picks per kernel what measured
-// faster (today the portable forward: the Hopper forward is faster on two of the nine suite
-// shapes only, docs/perf/log.md v36). Anything else reads as auto.
+// every call, "hopper" or "portable"; unset, empty or "auto" picks per call what measured faster
+// (fwd_auto_prefers_hopper). Anything else reads as auto.
 enum class Family { kAuto, kHopper, kPortable };
 Family requested_family();
 
+// The automatic choice between the forwards on a 9.x GPU: the Hopper one where it measured faster
+// than the portable one (docs/perf/log.md v37: tri768, msacol and b4tri384, 8-14% faster): head
+// dims 17-32 with three consumer warpgroups (Lq fills 192-row blocks) and work items enough to
+// keep every SM's block busy a while (4 a block). It is slower at the other suite shapes: at
+// head dims 8-16 and 64, with two consumers (Lq = 256), and with few items (apb768: 64 items).
+constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64_t items, int sms) {
+  return head_dim_bucket == 32 && consumers == 3 && items >= int64_t{4} * sms;
+}
+
 // Whether the Hopper forward takes this float16 / bfloat16 call: the library was built with the
-// Hopper family, the current device has compute capability 9.x, EVOATTN_KERNEL_FAMILY=hopper,
-// Q, K, V and the tile bias (if any: at most one, the fast tile) are laid out as TMA takes them,
-// O has unit stride along D, and the grid fits.
+// Hopper family, the current device has compute capability 9.x, the family asked for is hopper
+// (or auto, where fwd_auto_prefers_hopper), Q, K, V and the tile bias (if any: at most one, the
+// fast tile) are laid out as TMA takes them, O has unit stride along D, and the grid fits.
 bool fwd_usable(const FwdParams& p, const LaunchPlan& plan);
 
 // The plan of such a call (its tensor maps encoded here).
