@@ -21,12 +21,10 @@ struct RowSoftmax {
   // Takes a tile's scores; returns whether any row of the warp moved its reference (warp-uniform),
   // so O needs rescale(). `first`: the item's first tile (O and the sums are still zero).
   __device__ __forceinline__ bool update(const float (&x)[32], bool first) {
-    float local[2];  // as trees (depth 4, not a chain of 16)
-    for (int r = 0; r < 2; ++r) {
-      float m[8];
-      for (int j = 0; j < 8; ++j) m[j] = fmaxf(x[4 * j + 2 * r], x[4 * j + 2 * r + 1]);
-      for (int j = 0; j < 4; ++j) m[j] = fmaxf(m[j], m[j + 4]);
-      local[r] = fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3]));
+    float local[2] = {neg_inf(), neg_inf()};
+    for (int j = 0; j < 8; ++j) {
+      local[0] = fmaxf(local[0], fmaxf(x[4 * j], x[4 * j + 1]));
+      local[1] = fmaxf(local[1], fmaxf(x[4 * j + 2], x[4 * j + 3]));
     }
     bool moved = false;
     if (first) {
@@ -50,21 +48,18 @@ struct RowSoftmax {
     return moved;
   }
 
-  // P = 2^(x - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the
-  // rows: four partial sums a row, so the additions wait on each other 4 deep, not 16.
+  // P = 2^(x - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the rows.
   template <typename Element>
   __device__ __forceinline__ void exponentiate(const float (&x)[32], uint32_t (&pa)[4][4]) {
-    float part[2][4];
     for (int kp = 0; kp < 4; ++kp) {
       float e[8];
-      for (int i = 0; i < 8; ++i) e[i] = exp2_approx(x[8 * kp + i] - m_use[(i >> 1) & 1]);
-      for (int r = 0; r < 2; ++r) {
-        const float pair = e[2 * r] + e[2 * r + 1], pair2 = e[2 * r + 4] + e[2 * r + 5];
-        part[r][kp] = pair + pair2;
+      for (int i = 0; i < 8; ++i) {
+        const int r = (i >> 1) & 1;
+        e[i] = exp2_approx(x[8 * kp + i] - m_use[r]);
+        row_sum[r] += e[i];
       }
       for (int i = 0; i < 4; ++i) pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
     }
-    for (int r = 0; r < 2; ++r) row_sum[r] += (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
   }
 
   // O (the C layout, kCols / 8 column tiles) times the last update's factors.
