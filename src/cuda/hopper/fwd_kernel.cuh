@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Warp-uniform as the compiler sees it (a shuffle of lane 0s value): wgmma behind a branch on
+  // Warp-uniform as the compiler sees it (lane 0's value, shuffled): wgmma behind a branch on
   // it is not serialized (ptxas C7520).
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   // A persistent grid: block x takes items x, x + gridDim.x, ...; the ring's tile counter runs on
