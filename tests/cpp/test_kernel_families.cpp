@@ -43,6 +43,13 @@ struct Shape {
   bool mask_bias, pair_bias;
 };
 
+// A bfloat16 tensor on the GPU, uniform in [lo, hi).
+Tensor random_bf16(std::mt19937_64& rng, const std::vector<int64_t>& sizes, double lo, double hi) {
+  Tensor t = Tensor::empty(sizes, EVOATTN_BFLOAT16);
+  util::fill_uniform(t.view, rng, lo, hi);
+  return t.to(EVOATTN_DEVICE_CUDA);
+}
+
 // O and the LSE of one forward under `family`, outputs poisoned first.
 std::vector<std::vector<double>> forward(const std::string& family, const Tensor& q, const Tensor& k,
                                          const Tensor& v, const Tensor* mb, const Tensor* pb, Tensor& o,
@@ -72,14 +79,11 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
     SCOPED_TRACE("B" + std::to_string(s.B) + " N" + std::to_string(s.N) + " Lq" + std::to_string(s.Lq) + " Lk" +
                  std::to_string(s.Lk) + " H" + std::to_string(s.H) + " D" + std::to_string(s.D));
     std::mt19937_64 rng(seed++);
-    auto random = [&](std::vector<int64_t> sizes, double lo, double hi) {
-      Tensor t = Tensor::empty(sizes, EVOATTN_BFLOAT16);
-      util::fill_uniform(t.view, rng, lo, hi);
-      return t.to(EVOATTN_DEVICE_CUDA);
-    };
-    const Tensor q = random({s.B, s.N, s.Lq, s.H, s.D}, -2, 2), k = random({s.B, s.N, s.Lk, s.H, s.D}, -2, 2),
-                 v = random({s.B, s.N, s.Lk, s.H, s.D}, -1, 1), mb = random({s.B, s.N, 1, 1, s.Lk}, -3, 0),
-                 pb = random({s.B, 1, s.H, s.Lq, s.Lk}, -2, 2);
+    const Tensor q = random_bf16(rng, {s.B, s.N, s.Lq, s.H, s.D}, -2, 2);
+    const Tensor k = random_bf16(rng, {s.B, s.N, s.Lk, s.H, s.D}, -2, 2);
+    const Tensor v = random_bf16(rng, {s.B, s.N, s.Lk, s.H, s.D}, -1, 1);
+    const Tensor mb = random_bf16(rng, {s.B, s.N, 1, 1, s.Lk}, -3, 0);
+    const Tensor pb = random_bf16(rng, {s.B, 1, s.H, s.Lq, s.Lk}, -2, 2);
     Tensor o = Tensor::empty({s.B, s.N, s.Lq, s.H, s.D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
     Tensor lse = Tensor::empty({s.B, s.N, s.H, s.Lq}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA);
     const Tensor* mbp = s.mask_bias ? &mb : nullptr;
@@ -108,14 +112,11 @@ TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   for (const int64_t D : {32, 64}) {
     SCOPED_TRACE("D" + std::to_string(D));
     const int64_t B = 1, N = 128, L = 384, H = 4;
-    auto random = [&](std::vector<int64_t> sizes, double lo, double hi) {
-      Tensor t = Tensor::empty(sizes, EVOATTN_BFLOAT16);
-      util::fill_uniform(t.view, rng, lo, hi);
-      return t.to(EVOATTN_DEVICE_CUDA);
-    };
-    const Tensor q = random({B, N, L, H, D}, -2, 2), k = random({B, N, L, H, D}, -2, 2),
-                 v = random({B, N, L, H, D}, -1, 1), mb = random({B, N, 1, 1, L}, -3, 0),
-                 pb = random({B, 1, H, L, L}, -2, 2);
+    const Tensor q = random_bf16(rng, {B, N, L, H, D}, -2, 2);
+    const Tensor k = random_bf16(rng, {B, N, L, H, D}, -2, 2);
+    const Tensor v = random_bf16(rng, {B, N, L, H, D}, -1, 1);
+    const Tensor mb = random_bf16(rng, {B, N, 1, 1, L}, -3, 0);
+    const Tensor pb = random_bf16(rng, {B, 1, H, L, L}, -2, 2);
     Tensor o = Tensor::empty({B, N, L, H, D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
     Tensor lse = Tensor::empty({B, N, H, L}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA);
     const auto automatic = forward("auto", q, k, v, &mb, &pb, o, lse);
