@@ -280,12 +280,32 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
   return w;
 }
 
+// The Hopper family's dK/dV/dQ kernel (hopper/bwd_kernel.cuh), where hopper::bwd_usable took the
+// call.
+template <typename Element, int kHeadDim>
+cudaError_t bwd_hopper(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+#if defined(EVOATTN_WITH_HOPPER)
+  if constexpr (cuda::variants::hopper_bwd(kHeadDim)) {
+    cuda::hopper::BwdPlan hopper_plan;
+    if (cudaError_t e = cuda::hopper::make_bwd_plan(p, plan, &hopper_plan)) return e;
+    return cuda::hopper::run_bwd<Element, kHeadDim>(p, hopper_plan, stream);
+  }
+#endif
+  (void)p;
+  (void)plan;
+  (void)stream;
+  return cudaErrorNotSupported;
+}
+
 // After run_row_stats, which zeroed the running-dQ slots' flags (bwd_mma): the kernels follow
 // each other with no other stream operation between them (kernel_launch.h).
+// `hopper`: hopper::bwd_usable took the call; its kernel computes dQ, dK and dV, and the
+// portable kernels after it only the bias gradients.
 template <typename Element, int kHeadDim, bool kFast>
-cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout,
+cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout, bool hopper,
                          cudaStream_t stream) {
   auto run_dkdv = [&] {
+    if (hopper) return bwd_hopper<Element, kHeadDim>(p, plan, stream);
     if constexpr (kFast && cuda::variants::dkdv_no_tile(kHeadDim)) {
       if (cuda::dkdv_no_tile(p, kHeadDim)) {
         return cuda::run_bwd_dkdv<Element, kHeadDim, true, true>(p, plan, stream);
@@ -302,7 +322,7 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
     return cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream);
   };
   if (cudaError_t e = run_dkdv()) return e;
-  for (int slot = plan.fuse_dq ? 0 : -1; slot < kNumGradSlots; ++slot) {
+  for (int slot = plan.fuse_dq || hopper ? 0 : -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !p.dbias[slot].requested) continue;
     // No partials part (offset 0): the gradient is not chunked.
     float* partials = slot < 0 || layout.partial_offset[slot] == 0
@@ -322,10 +342,10 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
 }
 
 template <typename Element, int kHeadDim>
-cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout,
+cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout, bool hopper,
                          cudaStream_t stream) {
-  return cuda::bwd_fast_path(plan) ? bwd_mma_path<Element, kHeadDim, true>(p, plan, layout, stream)
-                                   : bwd_mma_path<Element, kHeadDim, false>(p, plan, layout, stream);
+  return cuda::bwd_fast_path(plan) ? bwd_mma_path<Element, kHeadDim, true>(p, plan, layout, hopper, stream)
+                                   : bwd_mma_path<Element, kHeadDim, false>(p, plan, layout, hopper, stream);
 }
 
 template <typename Element>
@@ -342,8 +362,9 @@ cudaError_t bwd_mma_run(const BwdParams& p, LaunchPlan plan, const WorkspaceLayo
                                                    plan.dq_slot_busy != nullptr ? plan.dq_slots : 0, stream)) {
     return e;
   }
+  const bool hopper = cuda::hopper::bwd_usable(p, plan);
   return with_head_dim(p.D, [&](auto hd) {
-    return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, layout, stream);
+    return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, layout, hopper, stream);
   });
 }
 

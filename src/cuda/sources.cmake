@@ -8,6 +8,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/smem_budget.cu
   cuda/tma_maps.cpp
   cuda/hopper/fwd_plan.cpp
+  cuda/hopper/bwd_plan.cpp
   cuda/portable/instantiations/fwd_fp16_hdim16_g2_generic.cu
   cuda/portable/instantiations/fwd_fp16_hdim16_g2_fast_notile.cu
   cuda/portable/instantiations/fwd_fp16_hdim16_g2_fast_sharedtile.cu
@@ -115,4 +116,6 @@ set(EVOATTN_HOPPER_SOURCES
   cuda/hopper/instantiations/fwd_bf16_hdim64_c2.cu
   cuda/hopper/instantiations/fwd_bf16_hdim64_c3.cu
   cuda/hopper/instantiations/fwd_bf16_hdim128_c2.cu
+  cuda/hopper/instantiations/bwd_fp16_hdim32.cu
+  cuda/hopper/instantiations/bwd_bf16_hdim32.cu
 )

@@ -7,17 +7,12 @@
 #include "cuda/tma_maps.h"
 
 namespace evoattn::cuda::hopper {
-namespace {
-
-// The tile bias with size 1 along the dimensions it broadcasts on (stride 0).
-TensorShape tile_shape(const FwdParams& p, const BiasParams& t) {
+TensorShape tile_tensor_shape(const FwdParams& p, const BiasParams& t) {
   const ScoreStrides& s = t.stride;
   return {5,
           {p.Lk, p.Lq, s.h == 0 ? 1 : p.H, s.n == 0 ? 1 : p.N, s.b == 0 ? 1 : p.B},
           {s.k, s.q, s.h, s.n, s.b}};
 }
-
-}  // namespace
 
 Family requested_family() {
   const char* value = std::getenv("EVOATTN_KERNEL_FAMILY");
@@ -53,7 +48,7 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
       !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
     return false;
   }
-  if (plan.tile_fast_slot >= 0 && !tma_legal(tile_shape(p, plan.tile_single), plan.tile_single.ptr)) return false;
+  if (plan.tile_fast_slot >= 0 && !tma_legal(tile_tensor_shape(p, plan.tile_single), plan.tile_single.ptr)) return false;
   size_t allowed = 0;
   return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket, consumers) <= allowed;
 #endif
@@ -68,7 +63,7 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
   out->has_tile = plan.tile_fast_slot >= 0;
   if (out->has_tile) {
     const BiasParams& t = plan.tile_single;
-    if (cudaError_t e = encode_tma_map(&out->tile, tile_shape(p, t), t.ptr, 64, 64, 128)) return e;
+    if (cudaError_t e = encode_tma_map(&out->tile, tile_tensor_shape(p, t), t.ptr, 64, 64, 128)) return e;
     out->tile_varies_b = t.stride.b != 0;
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;

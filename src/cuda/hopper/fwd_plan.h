@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/launch_plan.h"
+#include "cuda/tma_maps.h"
 #include "cuda/variants.h"
 #include "params.h"
 
@@ -60,6 +61,10 @@ constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64
 // (or auto, where fwd_auto_prefers_hopper), Q, K, V and the tile bias (if any: at most one, the
 // fast tile) are laid out as TMA takes them, O has unit stride along D, and the grid fits.
 bool fwd_usable(const FwdParams& p, const LaunchPlan& plan);
+
+// The tile bias as TMA sees it: [B, N, H, Lq, Lk] ({key, query, h, n, b}), size 1 along the
+// dimensions it broadcasts on (stride 0).
+TensorShape tile_tensor_shape(const FwdParams& p, const BiasParams& t);
 
 // The plan of such a call (its tensor maps encoded here).
 cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* out);

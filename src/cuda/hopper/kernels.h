@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/hopper/bwd_plan.h"
 #include "cuda/hopper/fwd_plan.h"
 #include "params.h"
 
@@ -15,5 +16,9 @@ namespace evoattn::cuda::hopper {
 // only at buckets up to 64): fwd_kernel.cuh.
 template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream);
+
+// float16 / bfloat16, head-dim bucket 32: dK, dV and dQ after the row statistics (bwd_kernel.cuh).
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream);
 
 }  // namespace evoattn::cuda::hopper

@@ -1,0 +1,342 @@
+// Backward kernel for float16 / bfloat16 on Hopper (sm_90a): dK, dV and dQ of one (b, n, h) a
+// block, after FlashAttention-3's backward with S and dP computed transposed (keys as rows), so
+// P^T and dS^T are the register A operands of dV and dK.
+//
+//   block = kConsumers consumer warpgroups (64 keys each) and one producer warp; it walks the
+//   key blocks of its (b, n, h) in order (64 kConsumers keys), each over every query tile:
+//   producer warp:
+//     per key block: K, V by TMA into one of two stages; the block's key biases (x log2 e)
+//     per query tile: Q, dO and each consumer's tile-bias box by TMA into a kStages ring; the
+//     rows' statistics (row max, row log-sum, Delta: the row-statistics kernel's, from the
+//     workspace; past Lq +inf, 0, 0 so P = 0)
+//   consumers, for each query tile (64 queries):
+//     mainloop  S^T = K Q^T, dP^T = V dO^T              (wgmma; all from shared memory)
+//     softmax   P^T = 2^((x - row max) - row log-sum), x = score_log2 as every kernel;
+//               dS^T = P^T (dP^T - Delta)
+//     mainloop  dV += P^T dO, dK += dS^T Q              (wgmma; P^T, dS^T from registers)
+//               dS^T to shared memory (16-bit; two buffers, alternate tiles)
+//               one consumer in turn: dQ(tile) += dS K over the block's keys (wgmma, both
+//               operands transposed from shared memory), the running dQ of the whole (b, n, h)
+//               kept in shared memory between key blocks
+//   epilogue  per key block dK x scale and dV; after the last one, each tile's dQ x scale.
+// Every output element has one writer and a fixed order of sums: deterministic, no atomics.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/element.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/hopper/bias.cuh"
+#include "cuda/hopper/bwd_plan.h"
+#include "cuda/hopper/wgmma.cuh"
+#include "cuda/kernel_launch.h"
+#include "params.h"
+
+namespace evoattn::cuda::hopper {
+
+// The block's shared memory, in bytes from a 1024-byte aligned base (bwd_plan.h counts it).
+// Q, dO, K, V: 64-row boxes of 64-byte swizzled rows as TMA writes them; tile-bias boxes
+// [64 queries][64 keys] in 128-byte swizzled rows; dS^T [keys][64 queries] in 128-byte swizzled
+// rows (the MN-major A operand of dQ); the running dQ float32 [Lq][32], its 8-float chunks
+// XOR-swizzled by the row's low two bits (conflict-free fragment accesses).
+template <int kConsumerCount, int kStageCount>
+struct BwdLayout {
+  static constexpr int kConsumers = kConsumerCount;
+  static constexpr int kStages = kStageCount;
+  static constexpr int kKeys = 64 * kConsumers;  // keys per block
+  static constexpr int kThreads = 128 * kConsumers + 32;
+  static constexpr int kSeqBytes = 64 * 64;       // a 64-row box of 32 16-bit elements
+  static constexpr int kKvStageBytes = kConsumers * kSeqBytes;
+  static constexpr int kTileBytes = 64 * 64 * 2;  // a tile-bias box
+  static constexpr int kDsBytes = kKeys * 128;    // one dS^T buffer
+  static constexpr int kStatsBytes = 64 * 12;     // (row max, row log-sum) pairs, then Delta
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + 2 * kKvStageBytes;
+  static constexpr int kQ = kV + 2 * kKvStageBytes;
+  static constexpr int kDO = kQ + kStages * kSeqBytes;
+  static constexpr int kTile = kDO + kStages * kSeqBytes;
+  static constexpr int kDs = kTile + kStages * kConsumers * kTileBytes;
+  static constexpr int kKeyBias = kDs + 2 * kDsBytes;
+  static constexpr int kStats = kKeyBias + 2 * kKeys * 4;
+  static constexpr int kBarriers = kStats + kStages * kStatsBytes;
+  static constexpr int kFixed = kBarriers + (2 * kStages + 4) * 8;
+  static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;
+  static size_t bytes(int q_tiles) { return static_cast<size_t>(kDq) + static_cast<size_t>(q_tiles) * 64 * 32 * 4 + 1024; }
+  static_assert(kConsumers == kBwdConsumers && kStages == kBwdStages, "bwd_plan.h sizes this layout");
+  static_assert(kFixed == bwd_fixed_smem_bytes(), "bwd_plan.h counts this layout");
+  static_assert(kTile % 1024 == 0 && kDs % 1024 == 0 && kKvStageBytes % 1024 == 0, "swizzle atoms stay aligned");
+};
+
+// A thread's 16 accumulators of a 64 x 32 C-layout tile (rows row0 and row0 + 8, columns
+// 8j + 2t, + 1) times `mul` into rows of `base`; rows at or past `rows` and columns at or past D
+// are not stored.
+template <typename Element>
+__device__ __forceinline__ void store_rows(const float (&acc)[16], Element* base, int64_t row_stride, int64_t d_stride,
+                                           int64_t row0, int64_t rows, int D, bool pairs, float mul, int t) {
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 8 * r;
+    if (row >= rows) continue;
+    Element* out = base + row * row_stride;
+    for (int j = 0; j < 4; ++j) {
+      const int col = 8 * j + 2 * t;
+      const float v0 = acc[4 * j + 2 * r] * mul, v1 = acc[4 * j + 2 * r + 1] * mul;
+      if (pairs && col + 1 < D) {
+        *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(v0, v1);
+      } else {
+        if (col < D) out[col * d_stride] = from_float<Element>(v0);
+        if (col + 1 < D) out[(col + 1) * d_stride] = from_float<Element>(v1);
+      }
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdPlan plan, const __grid_constant__ BwdParams p) {
+  static_assert(kHeadDim == 32, "head-dim bucket 32");
+  using L = BwdLayout<kBwdConsumers, kBwdStages>;
+  constexpr int kC = L::kConsumers, kS = L::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
+  uint64_t* empty = full + kS;
+  uint64_t* kv_full = empty + kS;
+  uint64_t* kv_empty = kv_full + 2;
+  float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias);
+  float* dq_smem = reinterpret_cast<float*>(smem + L::kDq);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Warp-uniform as the compiler sees it (ptxas serializes wgmma behind a branch it cannot
+  // prove uniform: C7520).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int bnh = static_cast<int>(blockIdx.x);
+  const int h = bnh % static_cast<int>(p.H), n = (bnh / static_cast<int>(p.H)) % static_cast<int>(p.N),
+            b = bnh / static_cast<int>(p.H * p.N);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kS; ++s) {
+      mbarrier_init(&full[s], 1 + 32);   // the TMA lane's expect_tx and the producer warp's lanes
+      mbarrier_init(&empty[s], kC * 128);  // each consumer thread
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbarrier_init(&kv_full[s], 1 + 32);
+      mbarrier_init(&kv_empty[s], kC * 128);
+    }
+  }
+  __syncthreads();
+  start_after_previous_grid();
+
+  if (wg == kC) {
+    // ---- producer warp ----
+    const int th = plan.tile_varies_h ? h : 0, tn = plan.tile_varies_n ? n : 0, tb = plan.tile_varies_b ? b : 0;
+    const float* stats = static_cast<const float*>(p.workspace);
+    const int64_t rows = p.B * p.N * p.H * p.Lq, stats_row = int64_t{bnh} * p.Lq;
+    const uint32_t step_bytes = 2 * L::kSeqBytes + (plan.has_tile ? kC * L::kTileBytes : 0);
+    for (int kb = 0; kb < plan.k_blocks; ++kb) {
+      const int kvs = kb & 1;
+      if (kb >= 2) mbarrier_wait_suspend(&kv_empty[kvs], ((kb >> 1) - 1) & 1);
+      if (lane == 0) {
+        mbarrier_arrive_expect_tx(&kv_full[kvs], 2 * L::kKvStageBytes);
+        for (int c = 0; c < kC; ++c) {
+          const int at = kvs * L::kKvStageBytes + c * L::kSeqBytes;
+          tma_load<5>(smem + L::kK + at, &plan.k, &kv_full[kvs], {0, kb * L::kKeys + 64 * c, h, n, b});
+          tma_load<5>(smem + L::kV + at, &plan.v, &kv_full[kvs], {0, kb * L::kKeys + 64 * c, h, n, b});
+        }
+      }
+      float kbias[kC][2];
+      load_key_biases<Element, kC>(kbias, p, plan.key_slots, plan.key_single_slot, b, n, h, kb * kC, lane);
+      for (int c = 0; c < kC; ++c)
+        for (int i = 0; i < 2; ++i) key_bias[kvs * L::kKeys + 64 * c + lane + 32 * i] = kbias[c][i] * kLog2e;
+      mbarrier_arrive(&kv_full[kvs]);
+      for (int qt = 0; qt < plan.q_tiles; ++qt) {
+        const int it = kb * plan.q_tiles + qt, s = it % kS;
+        if (it >= kS) mbarrier_wait_suspend(&empty[s], (it / kS - 1) & 1);
+        if (lane == 0) {
+          mbarrier_arrive_expect_tx(&full[s], step_bytes);
+          tma_load<5>(smem + L::kQ + s * L::kSeqBytes, &plan.q, &full[s], {0, qt * 64, h, n, b});
+          tma_load<5>(smem + L::kDO + s * L::kSeqBytes, &plan.d_o, &full[s], {0, qt * 64, h, n, b});
+          if (plan.has_tile) {
+            for (int c = 0; c < kC; ++c)
+              tma_load<5>(smem + L::kTile + (s * kC + c) * L::kTileBytes, &plan.tile, &full[s],
+                          {kb * L::kKeys + 64 * c, qt * 64, th, tn, tb});
+          }
+        }
+        float* st = reinterpret_cast<float*>(smem + L::kStats + s * L::kStatsBytes);
+        for (int i = 0; i < 2; ++i) {
+          const int r = lane + 32 * i;
+          const int64_t q = int64_t{qt} * 64 + r;
+          float delta = 0.0f, row_max = -neg_inf(), row_log_sum = 0.0f;
+          if (q < p.Lq) {
+            delta = stats[stats_row + q];
+            row_max = stats[rows + stats_row + q];
+            row_log_sum = stats[2 * rows + stats_row + q];
+          }
+          st[2 * r] = row_max;
+          st[2 * r + 1] = row_log_sum;
+          st[128 + r] = delta;
+        }
+        mbarrier_arrive(&full[s]);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  const int c = wg, w = warp % 4, g = lane / 4, t = lane % 4;
+  // Descriptors at stage 0 (a stage or a k-step adds its offset in 16-byte units).
+  //   K-major (S^T, dP^T): K, V rows of this consumer's keys; Q, dO rows of the query tile.
+  const uint64_t k_desc = smem_desc<64>(smem + L::kK + c * L::kSeqBytes, 16, 512);
+  const uint64_t v_desc = smem_desc<64>(smem + L::kV + c * L::kSeqBytes, 16, 512);
+  const uint64_t q_desc = smem_desc<64>(smem + L::kQ, 16, 512);
+  const uint64_t do_desc = smem_desc<64>(smem + L::kDO, 16, 512);
+  //   MN-major (dV += P^T dO, dK += dS^T Q: dO, Q transposed; dQ += dS K: dS^T and K transposed).
+  const uint64_t do_mn = smem_desc<64>(smem + L::kDO, L::kSeqBytes, 512);
+  const uint64_t q_mn = smem_desc<64>(smem + L::kQ, L::kSeqBytes, 512);
+  const uint64_t ds_mn = smem_desc<128>(smem + L::kDs, L::kDsBytes, 1024);
+  const uint64_t k_mn = smem_desc<64>(smem + L::kK, L::kKvStageBytes, 512);
+  // This thread's ldmatrix.trans offset into a tile-bias box: the 8 x 8 blocks (keys 16w + 8 (m & 1),
+  // queries 8 (2jj + (m >> 1))) of matrix m = lane / 8; query tile jj adds 16 rows (2048 bytes).
+  const int m = lane / 8;
+  const uint32_t tile_off = (8 * (m >> 1) + lane % 8) * 128 + (((2 * w + (m & 1)) ^ (lane % 8)) * 16);
+  const uint32_t tile_base = smem_addr(smem + L::kTile) + c * L::kTileBytes + tile_off;
+  // This thread's dS^T element pairs: key rows 64c + 16w + g (+ 8), 128-byte rows swizzled by g.
+  uint8_t* const ds_row = smem + L::kDs + (64 * c + 16 * w + g) * 128 + 4 * t;
+
+  float s_acc[32], dp_acc[32], dk_acc[16], dv_acc[16], dq_acc[16];
+  for (int i = 0; i < 32; ++i) s_acc[i] = dp_acc[i] = 0.0f;
+  for (int i = 0; i < 16; ++i) dq_acc[i] = 0.0f;
+  uint32_t pa[4][4], dsa[4][4];
+
+  for (int kb = 0; kb < plan.k_blocks; ++kb) {
+    const int kvs = kb & 1;
+    mbarrier_wait(&kv_full[kvs], (kb >> 1) & 1);
+    const float kbias[2] = {key_bias[kvs * L::kKeys + 64 * c + 16 * w + g],
+                            key_bias[kvs * L::kKeys + 64 * c + 16 * w + g + 8]};
+    for (int i = 0; i < 16; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
+    const bool last_kb = kb + 1 == plan.k_blocks;
+
+    for (int qt = 0; qt < plan.q_tiles; ++qt) {
+      const int it = kb * plan.q_tiles + qt, s = it % kS;
+      mbarrier_wait(&full[s], (it / kS) & 1);
+
+      // mainloop: S^T = K Q^T, dP^T = V dO^T
+      wgmma_fence();
+      const uint32_t kv_off = kvs * (L::kKvStageBytes >> 4), seq_off = s * (L::kSeqBytes >> 4);
+      for (int kk = 0; kk < 2; ++kk) wgmma_ss<Element, 64>(s_acc, k_desc + kv_off + 2 * kk, q_desc + seq_off + 2 * kk, kk);
+      for (int kk = 0; kk < 2; ++kk) wgmma_ss<Element, 64>(dp_acc, v_desc + kv_off + 2 * kk, do_desc + seq_off + 2 * kk, kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(s_acc);
+      fence_registers(dp_acc);
+
+      // softmax: P^T and dS^T in place of S^T and dP^T
+      const float* st = reinterpret_cast<const float*>(smem + L::kStats + s * L::kStatsBytes);
+      uint32_t tile[4][4];
+      if (plan.has_tile) {
+        const uint32_t box = tile_base + s * kC * L::kTileBytes;
+        for (int jj = 0; jj < 4; ++jj) ldmatrix_x4_trans(tile[jj], box + jj * 2048);
+      }
+      for (int j = 0; j < 8; ++j) {
+        const float4 stat = *reinterpret_cast<const float4*>(st + 2 * (8 * j + 2 * t));
+        const float2 delta = *reinterpret_cast<const float2*>(st + 128 + 8 * j + 2 * t);
+        for (int r = 0; r < 2; ++r) {
+          const int i = 4 * j + 2 * r;
+          float x0, x1;
+          if (plan.has_tile) {
+            const float2 bias = unpack2<Element>(tile[j >> 1][(j & 1) * 2 + r]);
+            x0 = score_log2(s_acc[i], p.scale_log2, kbias[r], bias.x);
+            x1 = score_log2(s_acc[i + 1], p.scale_log2, kbias[r], bias.y);
+          } else {
+            x0 = score_log2(s_acc[i], p.scale_log2, kbias[r]);
+            x1 = score_log2(s_acc[i + 1], p.scale_log2, kbias[r]);
+          }
+          const float p0 = exp2_approx((x0 - stat.x) - stat.y), p1 = exp2_approx((x1 - stat.z) - stat.w);
+          s_acc[i] = p0;
+          s_acc[i + 1] = p1;
+          dp_acc[i] = (dp_acc[i] - delta.x) * p0;
+          dp_acc[i + 1] = (dp_acc[i + 1] - delta.y) * p1;
+        }
+      }
+      for (int kp = 0; kp < 4; ++kp)
+        for (int i = 0; i < 4; ++i) {
+          pa[kp][i] = pack2<Element>(s_acc[8 * kp + 2 * i], s_acc[8 * kp + 2 * i + 1]);
+          dsa[kp][i] = pack2<Element>(dp_acc[8 * kp + 2 * i], dp_acc[8 * kp + 2 * i + 1]);
+        }
+
+      // mainloop: dV += P^T dO, dK += dS^T Q (16 queries a k-step: 1024 bytes)
+      wgmma_fence();
+      for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, 32>(dv_acc, pa[kp], do_mn + seq_off + 64 * kp, 1);
+      for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, 32>(dk_acc, dsa[kp], q_mn + seq_off + 64 * kp, 1);
+      wgmma_commit();
+
+      // dS^T to this tile's buffer: a[kp][i] holds key row g + 8 (i & 1), queries 16 kp + 8 (i >> 1) + 2t.
+      uint8_t* const ds_buf = ds_row + (it & 1) * L::kDsBytes;
+      for (int kp = 0; kp < 4; ++kp)
+        for (int i = 0; i < 4; ++i)
+          *reinterpret_cast<uint32_t*>(ds_buf + (i & 1) * 1024 + (((2 * kp + (i >> 1)) ^ g) * 16)) = dsa[kp][i];
+      fence_proxy_async();  // the generic stores before the wgmma (async proxy) reads of dQ
+      named_barrier_sync(1, kC * 128);
+
+      // dQ(tile) += dS K by the consumer whose turn it is; the running dQ in shared memory.
+      const bool doer = it % kC == c;
+      float* const dq_row = dq_smem + (qt * 64 + 16 * w + g) * 32 + 2 * t;
+      if (doer) {
+        for (int r = 0; r < 2; ++r)
+          for (int j = 0; j < 4; ++j) {
+            float2 v = make_float2(0.0f, 0.0f);
+            if (kb > 0) v = *reinterpret_cast<const float2*>(dq_row + r * 8 * 32 + ((j ^ (g & 3)) * 8));
+            dq_acc[4 * j + 2 * r] = v.x;
+            dq_acc[4 * j + 2 * r + 1] = v.y;
+          }
+        wgmma_fence();
+        for (int kk = 0; kk < L::kKeys / 16; ++kk) {
+          wgmma_ss_mn<Element, 32>(dq_acc, ds_mn + (it & 1) * (L::kDsBytes >> 4) + 128 * kk, k_mn + kv_off + 64 * kk, 1);
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+      fence_registers(dv_acc);
+      fence_registers(dk_acc);
+      fence_registers(dq_acc);
+      fence_proxy_async();
+      mbarrier_arrive(&empty[s]);
+      if (doer) {
+        if (last_kb) {
+          Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
+          store_rows<Element>(dq_acc, dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w + g, p.Lq, p.D,
+                              plan.pairs_dq, p.scale, t);
+        } else {
+          for (int r = 0; r < 2; ++r)
+            for (int j = 0; j < 4; ++j)
+              *reinterpret_cast<float2*>(dq_row + r * 8 * 32 + ((j ^ (g & 3)) * 8)) =
+                  make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
+        }
+      }
+    }
+    fence_proxy_async();
+    mbarrier_arrive(&kv_empty[kvs]);
+
+    // epilogue: this consumer's 64 keys of dK x scale and dV
+    const int64_t key0 = int64_t{kb} * L::kKeys + 64 * c + 16 * w + g;
+    Element* dk = static_cast<Element*>(p.dk) + b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
+    Element* dv = static_cast<Element*>(p.dv) + b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
+    store_rows<Element>(dk_acc, dk, p.dk_stride.l, p.dk_stride.d, key0, p.Lk, p.D, plan.pairs_dk, p.scale, t);
+    store_rows<Element>(dv_acc, dv, p.dv_stride.l, p.dv_stride.d, key0, p.Lk, p.D, plan.pairs_dv, 1.0f, t);
+  }
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
+  using L = BwdLayout<kBwdConsumers, kBwdStages>;
+  const size_t bytes = L::bytes(plan.q_tiles);
+  auto* kernel = bwd_kernel<Element, kHeadDim>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {
+    return e;
+  }
+  const size_t blocks = static_cast<size_t>(p.B * p.N * p.H);  // bwd_usable: below 2^31
+  return launch_kernel(kernel, blocks, L::kThreads, bytes, stream, plan, p);
+}
+
+}  // namespace evoattn::cuda::hopper

@@ -1,0 +1,65 @@
+#include "cuda/hopper/bwd_plan.h"
+
+#include "cuda/hopper/fwd_plan.h"
+#include "cuda/smem_budget.h"
+#include "cuda/tma_maps.h"
+
+namespace evoattn::cuda::hopper {
+
+bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
+#if !defined(EVOATTN_WITH_HOPPER)
+  (void)p;
+  (void)plan;
+  return false;
+#else
+  const Family family = requested_family();
+  if (family == Family::kPortable || p.D > kMaxHeadDim || head_dim_bucket(p.D) != 32 || plan.delta_in_dkdv) return false;
+  const int64_t items = p.B * p.N * p.H;
+  if (items >= (int64_t{1} << 31)) return false;
+  int major = 0, sms = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (major != 9) return false;
+  if (family == Family::kAuto && !bwd_auto_prefers_hopper(32, p.Lq, items, sms)) return false;
+  if (!tma_encoder_available()) return false;
+  if (plan.tile_slots != 0 && plan.tile_fast_slot < 0) return false;
+  if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
+      !tma_legal(seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o) ||
+      !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) || !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
+    return false;
+  }
+  if (plan.tile_fast_slot >= 0 && !tma_legal(tile_tensor_shape(p, plan.tile_single), plan.tile_single.ptr)) return false;
+  size_t allowed = 0;
+  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && bwd_smem_bytes(plan.q_tiles) <= allowed;
+#endif
+}
+
+cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out) {
+  *out = BwdPlan{};
+  constexpr int kChunk = 32;  // head-dim bucket 32: rows of 64 bytes
+  if (cudaError_t e = encode_tma_map(&out->q, seq_tensor_shape(p, p.q_stride, p.Lq), p.q, kChunk, 64, 64)) return e;
+  if (cudaError_t e = encode_tma_map(&out->d_o, seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o, kChunk, 64, 64)) return e;
+  if (cudaError_t e = encode_tma_map(&out->k, seq_tensor_shape(p, p.k_stride, p.Lk), p.k, kChunk, 64, 64)) return e;
+  if (cudaError_t e = encode_tma_map(&out->v, seq_tensor_shape(p, p.v_stride, p.Lk), p.v, kChunk, 64, 64)) return e;
+  out->has_tile = plan.tile_fast_slot >= 0;
+  if (out->has_tile) {
+    const BiasParams& t = plan.tile_single;
+    if (cudaError_t e = encode_tma_map(&out->tile, tile_tensor_shape(p, t), t.ptr, 64, 64, 128)) return e;
+    out->tile_varies_b = t.stride.b != 0;
+    out->tile_varies_n = t.stride.n != 0;
+    out->tile_varies_h = t.stride.h != 0;
+  }
+  out->q_tiles = plan.q_tiles;
+  out->k_blocks = static_cast<int32_t>((p.Lk + 64 * kBwdConsumers - 1) / (64 * kBwdConsumers));
+  out->key_slots = plan.key_slots;
+  out->key_single_slot = plan.key_single_slot >= 0 && plan.key_single.dtype == p.dtype ? plan.key_single_slot : -1;
+  out->pairs_dq = plan.pairs_dq;
+  out->pairs_dk = plan.pairs_dk;
+  out->pairs_dv = plan.pairs_dv;
+  return cudaSuccess;
+}
+
+}  // namespace evoattn::cuda::hopper

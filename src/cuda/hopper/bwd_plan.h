@@ -1,0 +1,67 @@
+// What the host prepares, once per call, for the Hopper backward (bwd_kernel.cuh): its tensor
+// maps and the shape facts its kernel reads beside BwdParams.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only: no driver library is linked)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/launch_plan.h"
+#include "params.h"
+
+namespace evoattn::cuda::hopper {
+
+// Consumer warpgroups of a backward block, 64 keys each. Two, so the running dQ of a whole
+// (b, n, h) fits beside them in shared memory up to Lq = 832 (bwd_smem_bytes).
+constexpr int kBwdConsumers = 2;
+// Stages of the query-tile ring (Q, dO, the tile-bias boxes, the rows' statistics).
+constexpr int kBwdStages = 2;
+
+struct BwdPlan {
+  // Q, dO, K, V as [B, N, H, L, D] ({d, row, h, n, b}) in boxes of 64 rows x the head-dim bucket
+  // (32: 64-byte swizzled rows); the tile bias as in FwdPlan, boxes of 64 keys x 64 queries.
+  CUtensorMap q, d_o, k, v, tile;
+  int32_t q_tiles;   // ceil(Lq / 64)
+  int32_t k_blocks;  // ceil(Lk / (64 kBwdConsumers))
+  uint32_t key_slots;       // LaunchPlan::key_slots
+  int32_t key_single_slot;  // the only key slot where it holds the inputs' dtype, else -1
+  bool has_tile;            // one tile bias, copied by TMA
+  bool tile_varies_b, tile_varies_n, tile_varies_h;
+  bool pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
+};
+
+// The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 32:
+// two stages of K and V (64 keys x 64 bytes a consumer), kBwdStages of Q, dO (64 rows x 64
+// bytes), a tile-bias box a consumer (64 x 64 x 2 bytes) and the rows' statistics (12 bytes a
+// row); two dS^T buffers (64 x 128 bytes a consumer); two stages of key biases; the mbarriers;
+// the running dQ, float32 [64 q_tiles][32]; 1 KB to align the base to 1024 bytes.
+constexpr size_t bwd_fixed_smem_bytes() {
+  constexpr size_t c = kBwdConsumers, s = kBwdStages;
+  return 2 * 2 * c * 4096 + s * (2 * 4096 + c * 8192 + 64 * 12) + 2 * c * 8192 + 2 * c * 64 * 4 +
+         (2 * s + 4) * 8;
+}
+constexpr size_t bwd_smem_bytes(int64_t q_tiles) {
+  return (bwd_fixed_smem_bytes() + 1023) / 1024 * 1024 + static_cast<size_t>(q_tiles) * 64 * 32 * 4 + 1024;
+}
+
+// The automatic choice between the backwards on a 9.x GPU (docs/perf/log.md v38): the Hopper
+// one where it measured faster, at head dims 17-32 with at least 8 query tiles (each key block's
+// pipeline fill is paid over them; at Lq = 256 it was slower) and (b, n, h) enough to give every
+// SM several blocks.
+constexpr bool bwd_auto_prefers_hopper(int head_dim_bucket, int64_t Lq, int64_t items, int sms) {
+  return head_dim_bucket == 32 && Lq >= 512 && items >= int64_t{4} * sms;
+}
+
+// Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library
+// was built with the Hopper family, the device has compute capability 9.x, the family asked for
+// (requested_family) is hopper or auto where bwd_auto_prefers_hopper, head-dim bucket 32, Q, dO,
+// K, V and the tile bias (if any: at most one, the fast tile) laid out as TMA takes them, and
+// the running dQ of Lq rows fits shared memory. The bias gradients still run the portable
+// kernels after it.
+bool bwd_usable(const BwdParams& p, const LaunchPlan& plan);
+
+// The plan of such a call (its tensor maps encoded here).
+cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out);
+
+}  // namespace evoattn::cuda::hopper
