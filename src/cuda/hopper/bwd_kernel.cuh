@@ -2,8 +2,10 @@
 // block, after FlashAttention-3's backward with S and dP computed transposed (keys as rows), so
 // P^T and dS^T are the register A operands of dV and dK.
 //
-//   block = kConsumers consumer warpgroups (64 keys each) and one producer warp; it walks the
-//   key blocks of its (b, n, h) in order (64 kConsumers keys), each over every query tile:
+//   block = kConsumers consumer warpgroups (64 keys each) and one producer warp, one block per
+//   SM walking items (b, n, h) (persistent: the rings run on across items, so the next item's
+//   copies start while this one ends); an item's key blocks (64 kConsumers keys) in order,
+//   each over every query tile:
 //   producer warp:
 //     per key block: K, V by TMA into one of two stages; the block's key biases (x log2 e)
 //     per query tile: Q, dO and each consumer's tile-bias box by TMA into a kStages ring; the
@@ -14,7 +16,9 @@
 //     softmax   P^T = 2^((x - row max) - row log-sum), x = score_log2 as every kernel;
 //               dS^T = P^T (dP^T - Delta)
 //     mainloop  dV += P^T dO, dK += dS^T Q              (wgmma; P^T, dS^T from registers)
-//               dS^T to shared memory (16-bit; two buffers, alternate tiles)
+//               dS^T to shared memory (16-bit; two buffers, alternate tiles), announced on
+//               an mbarrier: no consumer waits for the others unless it is the one that
+//               needs their dS^T
 //               one consumer in turn: dQ(tile) += dS K over the block's keys (wgmma, both
 //               operands transposed from shared memory), the running dQ of the whole (b, n, h)
 //               kept in shared memory between key blocks
@@ -61,7 +65,7 @@ struct BwdLayout {
   static constexpr int kKeyBias = kDs + 2 * kDsBytes;
   static constexpr int kStats = kKeyBias + 2 * kKeys * 4;
   static constexpr int kBarriers = kStats + kStages * kStatsBytes;
-  static constexpr int kFixed = kBarriers + (2 * kStages + 4) * 8;
+  static constexpr int kFixed = kBarriers + (2 * kStages + 8) * 8;
   static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;
   static size_t bytes(int q_tiles) { return static_cast<size_t>(kDq) + static_cast<size_t>(q_tiles) * 64 * 32 * 4 + 1024; }
   static_assert(kConsumers == kBwdConsumers && kStages == kBwdStages, "bwd_plan.h sizes this layout");
@@ -104,6 +108,8 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
   uint64_t* empty = full + kS;
   uint64_t* kv_full = empty + kS;
   uint64_t* kv_empty = kv_full + 2;
+  uint64_t* ds_full = kv_empty + 2;   // a dS^T buffer written by every consumer
+  uint64_t* ds_empty = ds_full + 2;   // a dS^T buffer read by its dQ
   float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias);
   float* dq_smem = reinterpret_cast<float*>(smem + L::kDq);
 
@@ -111,9 +117,13 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
   // Warp-uniform as the compiler sees it (ptxas serializes wgmma behind a branch it cannot
   // prove uniform: C7520).
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  const int bnh = static_cast<int>(blockIdx.x);
-  const int h = bnh % static_cast<int>(p.H), n = (bnh / static_cast<int>(p.H)) % static_cast<int>(p.N),
-            b = bnh / static_cast<int>(p.H * p.N);
+  const int items = static_cast<int>(p.B * p.N * p.H);  // bwd_usable: below 2^31
+  // An item's coordinates, bnh = h + H (n + N b).
+  auto coords = [&](int bnh, int& b, int& n, int& h) {
+    h = bnh % static_cast<int>(p.H);
+    n = (bnh / static_cast<int>(p.H)) % static_cast<int>(p.N);
+    b = bnh / static_cast<int>(p.H * p.N);
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kS; ++s) {
@@ -123,6 +133,8 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
     for (int s = 0; s < 2; ++s) {
       mbarrier_init(&kv_full[s], 1 + 32);
       mbarrier_init(&kv_empty[s], kC * 128);
+      mbarrier_init(&ds_full[s], kC * 128);
+      mbarrier_init(&ds_empty[s], 128);  // the dQ's consumer
     }
   }
   __syncthreads();
@@ -130,13 +142,19 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
 
   if (wg == kC) {
     // ---- producer warp ----
-    const int th = plan.tile_varies_h ? h : 0, tn = plan.tile_varies_n ? n : 0, tb = plan.tile_varies_b ? b : 0;
     const float* stats = static_cast<const float*>(p.workspace);
-    const int64_t rows = p.B * p.N * p.H * p.Lq, stats_row = int64_t{bnh} * p.Lq;
+    const int64_t rows = p.B * p.N * p.H * p.Lq;
     const uint32_t step_bytes = 2 * L::kSeqBytes + (plan.has_tile ? kC * L::kTileBytes : 0);
-    for (int kb = 0; kb < plan.k_blocks; ++kb) {
-      const int kvs = kb & 1;
-      if (kb >= 2) mbarrier_wait_suspend(&kv_empty[kvs], ((kb >> 1) - 1) & 1);
+    // The block's key-block and step counters run on across its items (ring stages and phases).
+    int kv_it = 0, it0 = 0;
+    for (int bnh = blockIdx.x; bnh < items; bnh += gridDim.x, it0 += plan.k_blocks * plan.q_tiles) {
+    int b, n, h;
+    coords(bnh, b, n, h);
+    const int th = plan.tile_varies_h ? h : 0, tn = plan.tile_varies_n ? n : 0, tb = plan.tile_varies_b ? b : 0;
+    const int64_t stats_row = int64_t{bnh} * p.Lq;
+    for (int kb = 0; kb < plan.k_blocks; ++kb, ++kv_it) {
+      const int kvs = kv_it & 1;
+      if (kv_it >= 2) mbarrier_wait_suspend(&kv_empty[kvs], ((kv_it >> 1) - 1) & 1);
       if (lane == 0) {
         mbarrier_arrive_expect_tx(&kv_full[kvs], 2 * L::kKvStageBytes);
         for (int c = 0; c < kC; ++c) {
@@ -151,7 +169,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
         for (int i = 0; i < 2; ++i) key_bias[kvs * L::kKeys + 64 * c + lane + 32 * i] = kbias[c][i] * kLog2e;
       mbarrier_arrive(&kv_full[kvs]);
       for (int qt = 0; qt < plan.q_tiles; ++qt) {
-        const int it = kb * plan.q_tiles + qt, s = it % kS;
+        const int it = it0 + kb * plan.q_tiles + qt, s = it % kS;
         if (it >= kS) mbarrier_wait_suspend(&empty[s], (it / kS - 1) & 1);
         if (lane == 0) {
           mbarrier_arrive_expect_tx(&full[s], step_bytes);
@@ -179,6 +197,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
         }
         mbarrier_arrive(&full[s]);
       }
+    }
     }
     return;
   }
@@ -209,16 +228,20 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
   for (int i = 0; i < 16; ++i) dq_acc[i] = 0.0f;
   uint32_t pa[4][4], dsa[4][4];
 
-  for (int kb = 0; kb < plan.k_blocks; ++kb) {
-    const int kvs = kb & 1;
-    mbarrier_wait(&kv_full[kvs], (kb >> 1) & 1);
+  int kv_it = 0, it0 = 0;
+  for (int bnh = blockIdx.x; bnh < items; bnh += gridDim.x, it0 += plan.k_blocks * plan.q_tiles) {
+  int b, n, h;
+  coords(bnh, b, n, h);
+  for (int kb = 0; kb < plan.k_blocks; ++kb, ++kv_it) {
+    const int kvs = kv_it & 1;
+    mbarrier_wait(&kv_full[kvs], (kv_it >> 1) & 1);
     const float kbias[2] = {key_bias[kvs * L::kKeys + 64 * c + 16 * w + g],
                             key_bias[kvs * L::kKeys + 64 * c + 16 * w + g + 8]};
     for (int i = 0; i < 16; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
     const bool last_kb = kb + 1 == plan.k_blocks;
 
     for (int qt = 0; qt < plan.q_tiles; ++qt) {
-      const int it = kb * plan.q_tiles + qt, s = it % kS;
+      const int it = it0 + kb * plan.q_tiles + qt, s = it % kS;
       mbarrier_wait(&full[s], (it / kS) & 1);
 
       // mainloop: S^T = K Q^T, dP^T = V dO^T
@@ -271,18 +294,24 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
       for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, 32>(dk_acc, dsa[kp], q_mn + seq_off + 64 * kp, 1);
       wgmma_commit();
 
-      // dS^T to this tile's buffer: a[kp][i] holds key row g + 8 (i & 1), queries 16 kp + 8 (i >> 1) + 2t.
-      uint8_t* const ds_buf = ds_row + (it & 1) * L::kDsBytes;
+      // dS^T to this tile's buffer (once the dQ two tiles back has read it): a[kp][i] holds key
+      // row g + 8 (i & 1), queries 16 kp + 8 (i >> 1) + 2t.
+      const int buf = it & 1;
+      if (it >= 2) mbarrier_wait(&ds_empty[buf], ((it >> 1) - 1) & 1);
+      uint8_t* const ds_buf = ds_row + buf * L::kDsBytes;
       for (int kp = 0; kp < 4; ++kp)
         for (int i = 0; i < 4; ++i)
           *reinterpret_cast<uint32_t*>(ds_buf + (i & 1) * 1024 + (((2 * kp + (i >> 1)) ^ g) * 16)) = dsa[kp][i];
       fence_proxy_async();  // the generic stores before the wgmma (async proxy) reads of dQ
-      named_barrier_sync(1, kC * 128);
+      mbarrier_arrive(&ds_full[buf]);
 
       // dQ(tile) += dS K by the consumer whose turn it is; the running dQ in shared memory.
+      // The dS^T arrivals also order this tile's running-dQ accesses after the previous key
+      // block's (another consumer's, before its arrival).
       const bool doer = it % kC == c;
       float* const dq_row = dq_smem + (qt * 64 + 16 * w + g) * 32 + 2 * t;
       if (doer) {
+        mbarrier_wait(&ds_full[buf], (it >> 1) & 1);
         for (int r = 0; r < 2; ++r)
           for (int j = 0; j < 4; ++j) {
             float2 v = make_float2(0.0f, 0.0f);
@@ -303,6 +332,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
       fence_proxy_async();
       mbarrier_arrive(&empty[s]);
       if (doer) {
+        mbarrier_arrive(&ds_empty[buf]);
         if (last_kb) {
           Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
           store_rows<Element>(dq_acc, dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w + g, p.Lq, p.D,
@@ -325,6 +355,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
     store_rows<Element>(dk_acc, dk, p.dk_stride.l, p.dk_stride.d, key0, p.Lk, p.D, plan.pairs_dk, p.scale, t);
     store_rows<Element>(dv_acc, dv, p.dv_stride.l, p.dv_stride.d, key0, p.Lk, p.D, plan.pairs_dv, 1.0f, t);
   }
+  }
 }
 
 template <typename Element, int kHeadDim>
@@ -335,7 +366,10 @@ cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {
     return e;
   }
-  const size_t blocks = static_cast<size_t>(p.B * p.N * p.H);  // bwd_usable: below 2^31
+  int sms = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device)) return e;
+  const int64_t items = p.B * p.N * p.H;  // bwd_usable: below 2^31
+  const size_t blocks = static_cast<size_t>(items < sms ? items : sms);  // one block an SM, persistent
   return launch_kernel(kernel, blocks, L::kThreads, bytes, stream, plan, p);
 }
 
