@@ -1,6 +1,6 @@
 // Backward kernel for float16 / bfloat16 on Hopper (sm_90a): dK, dV and dQ of one (b, n, h) a
 // block, after FlashAttention-3's backward with S and dP computed transposed (keys as rows), so
-// P^T and dS^T are the register A operands of dV and dK.
+// P^T is the register A operand of dV.
 //
 //   block = kConsumers consumer warpgroups (64 keys each) and one producer warp, one block per
 //   SM walking items (b, n, h) (persistent: the rings run on across items, so the next item's
@@ -15,10 +15,11 @@
 //     mainloop  S^T = K Q^T, dP^T = V dO^T              (wgmma; all from shared memory)
 //     softmax   P^T = 2^((x - row max) - row log-sum), x = score_log2 as every kernel;
 //               dS^T = P^T (dP^T - Delta)
-//     mainloop  dV += P^T dO, dK += dS^T Q              (wgmma; P^T, dS^T from registers)
 //               dS^T to shared memory (16-bit; two buffers, alternate tiles), announced on
 //               an mbarrier: no consumer waits for the others unless it is the one that
 //               needs their dS^T
+//     mainloop  dV += P^T dO, dK += dS^T Q              (wgmma; P^T from registers, dS^T
+//               from shared memory: fewer live registers); then the next tile's S^T, dP^T
 //               one consumer in turn: dQ(tile) += dS K over the block's keys (wgmma, both
 //               operands transposed from shared memory), the running dQ of the whole (b, n, h)
 //               kept in shared memory between key blocks
@@ -204,17 +205,22 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
 
   // ---- consumers ----
   const int c = wg, w = warp % 4, g = lane / 4, t = lane % 4;
-  // Descriptors at stage 0 (a stage or a k-step adds its offset in 16-byte units).
+  // Descriptors at stage 0 (a stage or a k-step adds its offset in 16-byte units), each a
+  // constant offset (start address, leading byte offset) from one of two bases, so they cost
+  // no registers of their own.
+  const uint64_t sw64 = smem_desc<64>(smem, 0, 512), sw128 = smem_desc<128>(smem, 0, 1024);
+  auto at = [](int bytes, int leading_bytes) {
+    return static_cast<uint64_t>(bytes >> 4) | static_cast<uint64_t>(leading_bytes >> 4) << 16;
+  };
+  const uint32_t c_rows = c * (L::kSeqBytes >> 4);  // this consumer's 64 rows of K, V
   //   K-major (S^T, dP^T): K, V rows of this consumer's keys; Q, dO rows of the query tile.
-  const uint64_t k_desc = smem_desc<64>(smem + L::kK + c * L::kSeqBytes, 16, 512);
-  const uint64_t v_desc = smem_desc<64>(smem + L::kV + c * L::kSeqBytes, 16, 512);
-  const uint64_t q_desc = smem_desc<64>(smem + L::kQ, 16, 512);
-  const uint64_t do_desc = smem_desc<64>(smem + L::kDO, 16, 512);
+  const uint64_t k_desc = sw64 + at(L::kK, 16) + c_rows, v_desc = sw64 + at(L::kV, 16) + c_rows;
+  const uint64_t q_desc = sw64 + at(L::kQ, 16), do_desc = sw64 + at(L::kDO, 16);
   //   MN-major (dV += P^T dO, dK += dS^T Q: dO, Q transposed; dQ += dS K: dS^T and K transposed).
-  const uint64_t do_mn = smem_desc<64>(smem + L::kDO, L::kSeqBytes, 512);
-  const uint64_t q_mn = smem_desc<64>(smem + L::kQ, L::kSeqBytes, 512);
-  const uint64_t ds_mn = smem_desc<128>(smem + L::kDs, L::kDsBytes, 1024);
-  const uint64_t k_mn = smem_desc<64>(smem + L::kK, L::kKvStageBytes, 512);
+  const uint64_t do_mn = sw64 + at(L::kDO, L::kSeqBytes), q_mn = sw64 + at(L::kQ, L::kSeqBytes);
+  const uint64_t ds_mn = sw128 + at(L::kDs, L::kDsBytes), k_mn = sw64 + at(L::kK, L::kKvStageBytes);
+  //   K-major A of dK += dS^T Q: this consumer's rows of the dS^T buffer.
+  const uint64_t ds_k = sw128 + at(L::kDs, 16) + 2 * c_rows;
   // This thread's ldmatrix.trans offset into a tile-bias box: the 8 x 8 blocks (keys 16w + 8 (m & 1),
   // queries 8 (2jj + (m >> 1))) of matrix m = lane / 8; query tile jj adds 16 rows (2048 bytes).
   const int m = lane / 8;
@@ -223,15 +229,12 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
   // This thread's dS^T element pairs: key rows 64c + 16w + g (+ 8), 128-byte rows swizzled by g.
   uint8_t* const ds_row = smem + L::kDs + (64 * c + 16 * w + g) * 128 + 4 * t;
 
-  float s_acc[32], dp_acc[32], dk_acc[16], dv_acc[16], dq_acc[16];
+  float s_acc[32], dp_acc[32], dk_acc[16], dv_acc[16];
   for (int i = 0; i < 32; ++i) s_acc[i] = dp_acc[i] = 0.0f;
-  for (int i = 0; i < 16; ++i) dq_acc[i] = 0.0f;
-  uint32_t pa[4][4], dsa[4][4];
+  uint32_t pa[4][4];
 
   int kv_it = 0, it0 = 0;
   for (int bnh = blockIdx.x; bnh < items; bnh += gridDim.x, it0 += plan.k_blocks * plan.q_tiles) {
-  int b, n, h;
-  coords(bnh, b, n, h);
   for (int kb = 0; kb < plan.k_blocks; ++kb, ++kv_it) {
     const int kvs = kv_it & 1;
     mbarrier_wait(&kv_full[kvs], (kv_it >> 1) & 1);
@@ -240,19 +243,27 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
     for (int i = 0; i < 16; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
     const bool last_kb = kb + 1 == plan.k_blocks;
 
-    for (int qt = 0; qt < plan.q_tiles; ++qt) {
-      const int it = it0 + kb * plan.q_tiles + qt, s = it % kS;
+    const uint32_t kv_off = kvs * (L::kKvStageBytes >> 4);
+    // mainloop: S^T = K Q^T, dP^T = V dO^T of step `it` (issued once its stage has landed)
+    auto issue_s_dp = [&](int it) {
+      const int s = it % kS;
       mbarrier_wait(&full[s], (it / kS) & 1);
-
-      // mainloop: S^T = K Q^T, dP^T = V dO^T
-      wgmma_fence();
-      const uint32_t kv_off = kvs * (L::kKvStageBytes >> 4), seq_off = s * (L::kSeqBytes >> 4);
+      const uint32_t seq_off = s * (L::kSeqBytes >> 4);
       for (int kk = 0; kk < 2; ++kk) wgmma_ss<Element, 64>(s_acc, k_desc + kv_off + 2 * kk, q_desc + seq_off + 2 * kk, kk);
       for (int kk = 0; kk < 2; ++kk) wgmma_ss<Element, 64>(dp_acc, v_desc + kv_off + 2 * kk, do_desc + seq_off + 2 * kk, kk);
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(s_acc);
-      fence_registers(dp_acc);
+    };
+    // The key block's first S^T and dP^T; each step then issues the next step's behind its own
+    // dV and dK, so they run while it stores dS^T and takes its turn at dQ.
+    wgmma_fence();
+    issue_s_dp(it0 + kb * plan.q_tiles);
+    wgmma_wait<0>();
+    fence_registers(s_acc);
+    fence_registers(dp_acc);
+
+    for (int qt = 0; qt < plan.q_tiles; ++qt) {
+      const int it = it0 + kb * plan.q_tiles + qt, s = it % kS;
+      const uint32_t seq_off = s * (L::kSeqBytes >> 4);
 
       // softmax: P^T and dS^T in place of S^T and dP^T
       const float* st = reinterpret_cast<const float*>(smem + L::kStats + s * L::kStatsBytes);
@@ -282,36 +293,49 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
           dp_acc[i + 1] = (dp_acc[i + 1] - delta.y) * p1;
         }
       }
-      for (int kp = 0; kp < 4; ++kp)
-        for (int i = 0; i < 4; ++i) {
-          pa[kp][i] = pack2<Element>(s_acc[8 * kp + 2 * i], s_acc[8 * kp + 2 * i + 1]);
-          dsa[kp][i] = pack2<Element>(dp_acc[8 * kp + 2 * i], dp_acc[8 * kp + 2 * i + 1]);
-        }
-
-      // mainloop: dV += P^T dO, dK += dS^T Q (16 queries a k-step: 1024 bytes)
-      wgmma_fence();
-      for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, 32>(dv_acc, pa[kp], do_mn + seq_off + 64 * kp, 1);
-      for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, 32>(dk_acc, dsa[kp], q_mn + seq_off + 64 * kp, 1);
-      wgmma_commit();
-
-      // dS^T to this tile's buffer (once the dQ two tiles back has read it): a[kp][i] holds key
-      // row g + 8 (i & 1), queries 16 kp + 8 (i >> 1) + 2t.
+      // dS^T to this tile's buffer (once the dQ two tiles back has read it): dS^T element pair
+      // [kp][i] is key row g + 8 (i & 1), queries 16 kp + 8 (i >> 1) + 2t. P^T stays in registers.
       const int buf = it & 1;
       if (it >= 2) mbarrier_wait(&ds_empty[buf], ((it >> 1) - 1) & 1);
       uint8_t* const ds_buf = ds_row + buf * L::kDsBytes;
       for (int kp = 0; kp < 4; ++kp)
-        for (int i = 0; i < 4; ++i)
-          *reinterpret_cast<uint32_t*>(ds_buf + (i & 1) * 1024 + (((2 * kp + (i >> 1)) ^ g) * 16)) = dsa[kp][i];
-      fence_proxy_async();  // the generic stores before the wgmma (async proxy) reads of dQ
+        for (int i = 0; i < 4; ++i) {
+          pa[kp][i] = pack2<Element>(s_acc[8 * kp + 2 * i], s_acc[8 * kp + 2 * i + 1]);
+          *reinterpret_cast<uint32_t*>(ds_buf + (i & 1) * 1024 + (((2 * kp + (i >> 1)) ^ g) * 16)) =
+              pack2<Element>(dp_acc[8 * kp + 2 * i], dp_acc[8 * kp + 2 * i + 1]);
+        }
+      // The generic stores before the wgmma (async proxy) reads: this warpgroup's dK now, and
+      // the dQ of the consumer whose turn it is (announced on ds_full).
+      fence_proxy_async();
+      named_barrier_sync(1 + c, 128);
       mbarrier_arrive(&ds_full[buf]);
+
+      // mainloop: dV += P^T dO, dK += dS^T Q (16 queries a k-step); then the next step's S^T, dP^T
+      wgmma_fence();
+      for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, 32>(dv_acc, pa[kp], do_mn + seq_off + 64 * kp, 1);
+      for (int kp = 0; kp < 4; ++kp) {
+        wgmma_ss_bt<Element, 32>(dk_acc, ds_k + buf * (L::kDsBytes >> 4) + 2 * kp, q_mn + seq_off + 64 * kp, 1);
+      }
+      wgmma_commit();
+      if (qt + 1 < plan.q_tiles) issue_s_dp(it + 1);
+
+      // dV, dK and the next S^T, dP^T done: this step's stage (Q, dO, the tile box, the
+      // statistics) is released and P^T's registers are free.
+      wgmma_wait<0>();
+      fence_registers(s_acc);
+      fence_registers(dp_acc);
+      fence_registers(dv_acc);
+      fence_registers(dk_acc);
+      fence_proxy_async();
+      mbarrier_arrive(&empty[s]);
 
       // dQ(tile) += dS K by the consumer whose turn it is; the running dQ in shared memory.
       // The dS^T arrivals also order this tile's running-dQ accesses after the previous key
       // block's (another consumer's, before its arrival).
-      const bool doer = it % kC == c;
-      float* const dq_row = dq_smem + (qt * 64 + 16 * w + g) * 32 + 2 * t;
-      if (doer) {
+      if (it % kC == c) {
+        float* const dq_row = dq_smem + (qt * 64 + 16 * w + g) * 32 + 2 * t;
         mbarrier_wait(&ds_full[buf], (it >> 1) & 1);
+        float dq_acc[16];
         for (int r = 0; r < 2; ++r)
           for (int j = 0; j < 4; ++j) {
             float2 v = make_float2(0.0f, 0.0f);
@@ -321,19 +345,15 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
           }
         wgmma_fence();
         for (int kk = 0; kk < L::kKeys / 16; ++kk) {
-          wgmma_ss_mn<Element, 32>(dq_acc, ds_mn + (it & 1) * (L::kDsBytes >> 4) + 128 * kk, k_mn + kv_off + 64 * kk, 1);
+          wgmma_ss_mn<Element, 32>(dq_acc, ds_mn + buf * (L::kDsBytes >> 4) + 128 * kk, k_mn + kv_off + 64 * kk, 1);
         }
         wgmma_commit();
-      }
-      wgmma_wait<0>();
-      fence_registers(dv_acc);
-      fence_registers(dk_acc);
-      fence_registers(dq_acc);
-      fence_proxy_async();
-      mbarrier_arrive(&empty[s]);
-      if (doer) {
+        wgmma_wait<0>();
+        fence_registers(dq_acc);
         mbarrier_arrive(&ds_empty[buf]);
         if (last_kb) {
+          int b, n, h;  // computed where used: fewer registers live across the loop
+          coords(bnh, b, n, h);
           Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
           store_rows<Element>(dq_acc, dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w + g, p.Lq, p.D,
                               plan.pairs_dq, p.scale, t);
@@ -350,6 +370,8 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
 
     // epilogue: this consumer's 64 keys of dK x scale and dV
     const int64_t key0 = int64_t{kb} * L::kKeys + 64 * c + 16 * w + g;
+    int b, n, h;
+    coords(bnh, b, n, h);
     Element* dk = static_cast<Element*>(p.dk) + b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
     Element* dv = static_cast<Element*>(p.dv) + b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
     store_rows<Element>(dk_acc, dk, p.dk_stride.l, p.dk_stride.d, key0, p.Lk, p.D, plan.pairs_dk, p.scale, t);

@@ -74,6 +74,10 @@ template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate);
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int accumulate);
+// wgmma_ss_bt: A from shared memory K-major, B MN-major (the backward's dK = dS^T Q from dS^T
+// and Q as they are stored).
+template <typename Element, int kN>
+__device__ __forceinline__ void wgmma_ss_bt(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate);
 // wgmma_ss_mn: A and B from shared memory, both MN-major (transposed: the backward's dQ = dS K
 // from dS^T and K as they are stored).
 template <typename Element, int kN>
@@ -147,6 +151,24 @@ __device__ __forceinline__ void wgmma_rs<__nv_bfloat16, 32>(float (&d)[16], cons
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_bt<__half, 32>(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_bt<__nv_bfloat16, 32>(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
 }
 template <>
 __device__ __forceinline__ void wgmma_ss_mn<__half, 32>(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
