@@ -21,6 +21,7 @@
 #ifdef EVOATTN_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "cuda/hopper/bwd_plan.h"
 #include "cuda/hopper/fwd_plan.h"
 #include "cuda/variants.h"
 #endif
@@ -131,8 +132,86 @@ TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   }
 }
 
+// dQ, dK, dV and d(pair_bias) of one backward under `family`, outputs poisoned first.
+std::vector<std::vector<double>> backward(const std::string& family, const Tensor& d_o, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                                          const Tensor& mb, const Tensor& pb) {
+  const ScopedEnv env("EVOATTN_KERNEL_FAMILY", family);
+  Tensor dq = Tensor::empty(q.sizes(), EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
+  Tensor dk = Tensor::empty(k.sizes(), EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
+  Tensor dv = Tensor::empty(v.sizes(), EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
+  Tensor dpb = Tensor::empty(pb.sizes(), EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
+  for (Tensor* t : {&dq, &dk, &dv, &dpb}) {
+    EXPECT_EQ(cudaMemset(t->buffer.data(), 0xff, t->buffer.bytes()), cudaSuccess);  // NaN poison
+  }
+  size_t bytes = 0;
+  EXPECT_EQ(evoattn_backward_workspace_size(q.ptr(), k.ptr(), v.ptr(), mb.ptr(), pb.ptr(), nullptr, nullptr,
+                                            dpb.ptr(), nullptr, &bytes),
+            EVOATTN_SUCCESS)
+      << evoattn_last_error();
+  util::Buffer workspace(bytes, EVOATTN_DEVICE_CUDA);
+  EXPECT_EQ(evoattn_backward(d_o.ptr(), q.ptr(), k.ptr(), v.ptr(), o.ptr(), lse.ptr(), mb.ptr(), pb.ptr(), nullptr,
+                             dq.ptr(), dk.ptr(), dv.ptr(), nullptr, dpb.ptr(), workspace.data(), bytes, nullptr,
+                             nullptr),
+            EVOATTN_SUCCESS)
+      << evoattn_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<std::vector<double>> out;
+  for (Tensor* t : {&dq, &dk, &dv, &dpb}) out.push_back(util::to_doubles(t->to(EVOATTN_DEVICE_CPU).view));
+  return out;
+}
+
+// The Hopper backward (head-dim bucket 32) against the portable one on the same inputs, and
+// what the automatic choice takes: the Hopper backward where bwd_auto_prefers_hopper says it is
+// faster (Lq = 384, 640 (b, n, h) on 132 SMs), bit for bit the forced one; the portable one at
+// head dim 64, which has no Hopper backward.
+TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFaster) {
+  if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::mt19937_64 rng(131);
+  for (const int64_t D : {32, 24, 64}) {
+    SCOPED_TRACE("D" + std::to_string(D));
+    const int64_t B = 1, N = 160, L = 384, H = 4;
+    const Tensor q = random_bf16(rng, {B, N, L, H, D}, -2, 2);
+    const Tensor k = random_bf16(rng, {B, N, L, H, D}, -2, 2);
+    const Tensor v = random_bf16(rng, {B, N, L, H, D}, -1, 1);
+    const Tensor d_o = random_bf16(rng, {B, N, L, H, D}, -1, 1);
+    const Tensor mb = random_bf16(rng, {B, N, 1, 1, L}, -3, 0);
+    const Tensor pb = random_bf16(rng, {B, 1, H, L, L}, -2, 2);
+    Tensor o = Tensor::empty({B, N, L, H, D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
+    Tensor lse = Tensor::empty({B, N, H, L}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA);
+    forward("portable", q, k, v, &mb, &pb, o, lse);
+    const auto automatic = backward("auto", d_o, q, k, v, o, lse, mb, pb);
+    const auto hopper = backward("hopper", d_o, q, k, v, o, lse, mb, pb);
+    const auto portable = backward("portable", d_o, q, k, v, o, lse, mb, pb);
+    if (D == 64) {
+      EXPECT_EQ(automatic, portable);
+      EXPECT_EQ(hopper, portable) << "no Hopper backward at head dim 64: the switch keeps the portable one";
+      continue;
+    }
+    EXPECT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) {
+      double worst = 0.0, largest = 0.0;
+      for (size_t e = 0; e < hopper[i].size(); ++e) {
+        worst = std::max(worst, std::fabs(hopper[i][e] - portable[i][e]));
+        largest = std::max(largest, std::fabs(portable[i][e]));
+      }
+      // Both round P and dS to bfloat16 before their products, in different orders of sums.
+      EXPECT_LE(worst, 2e-2 * std::max(1.0, largest)) << names[i];
+    }
+    EXPECT_EQ(hopper[3], portable[3]) << "d(pair_bias) is the portable kernel's in both";
+    EXPECT_TRUE(cuda::hopper::bwd_auto_prefers_hopper(32, L, B * N * H, sms));
+    EXPECT_EQ(automatic, hopper);
+  }
+}
+
 #else
 
+TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFaster) {
+  GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
+}
 TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
@@ -164,6 +243,18 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_FALSE(fwd_auto_prefers_hopper(32, 3, 1 * 16 * 4, 132));      // apb768: 64 items
   EXPECT_FALSE(fwd_auto_prefers_hopper(16, 3, 5120 * 8 * 2, 132));    // extramsa (head dim 8)
   EXPECT_FALSE(fwd_auto_prefers_hopper(64, 2, 256 * 8 * 2, 132));     // tri256d64
+  // The backward: the suite shapes where the Hopper backward measured faster, and the Lq its
+  // resident running dQ fits (up to 13 query tiles in 227 KB).
+  using cuda::hopper::bwd_auto_prefers_hopper;
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 768, 768 * 4, 132));      // tri768
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 512, 256 * 8, 132));      // msacol
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 384, 4 * 384 * 4, 132));  // b4tri384
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 256, 256 * 4, 132));     // tri256
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 256, 512 * 8, 132));     // msarow
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 768, 16, 132));          // apb768: 16 (b, n, h)
+  EXPECT_FALSE(bwd_auto_prefers_hopper(64, 256, 256 * 8, 132));     // tri256d64
+  EXPECT_LE(cuda::hopper::bwd_smem_bytes(13), size_t{227} * 1024);
+  EXPECT_GT(cuda::hopper::bwd_smem_bytes(14), size_t{227} * 1024);
   for (int bucket : {16, 32, 64, 128}) {
     for (int64_t lq : {1, 17, 64, 65, 128, 192, 257, 384, 1000, 5120}) {
       const int c = fwd_consumers_for(bucket, lq);
