@@ -66,6 +66,23 @@ std::vector<std::vector<double>> forward(const std::string& family, const Tensor
   return {util::to_doubles(o.to(EVOATTN_DEVICE_CPU).view), util::to_doubles(lse.to(EVOATTN_DEVICE_CPU).view)};
 }
 
+// Random bfloat16 inputs of a [B, N, L, H, D] attention with a mask bias and a pair bias, and
+// the O and LSE of its last forward.
+struct Inputs {
+  Tensor q, k, v, mb, pb, o, lse;
+  Inputs(std::mt19937_64& rng, int64_t B, int64_t N, int64_t L, int64_t H, int64_t D)
+      : q(random_bf16(rng, {B, N, L, H, D}, -2, 2)),
+        k(random_bf16(rng, {B, N, L, H, D}, -2, 2)),
+        v(random_bf16(rng, {B, N, L, H, D}, -1, 1)),
+        mb(random_bf16(rng, {B, N, 1, 1, L}, -3, 0)),
+        pb(random_bf16(rng, {B, 1, H, L, L}, -2, 2)),
+        o(Tensor::empty({B, N, L, H, D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA)),
+        lse(Tensor::empty({B, N, H, L}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA)) {}
+  std::vector<std::vector<double>> forward(const std::string& family) {
+    return evoattn::test::forward(family, q, k, v, &mb, &pb, o, lse);
+  }
+};
+
 TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
   const Shape shapes[] = {
@@ -112,17 +129,10 @@ TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   std::mt19937_64 rng(97);
   for (const int64_t D : {32, 64}) {
     SCOPED_TRACE("D" + std::to_string(D));
-    const int64_t B = 1, N = 128, L = 384, H = 4;
-    const Tensor q = random_bf16(rng, {B, N, L, H, D}, -2, 2);
-    const Tensor k = random_bf16(rng, {B, N, L, H, D}, -2, 2);
-    const Tensor v = random_bf16(rng, {B, N, L, H, D}, -1, 1);
-    const Tensor mb = random_bf16(rng, {B, N, 1, 1, L}, -3, 0);
-    const Tensor pb = random_bf16(rng, {B, 1, H, L, L}, -2, 2);
-    Tensor o = Tensor::empty({B, N, L, H, D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
-    Tensor lse = Tensor::empty({B, N, H, L}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA);
-    const auto automatic = forward("auto", q, k, v, &mb, &pb, o, lse);
-    const auto hopper = forward("hopper", q, k, v, &mb, &pb, o, lse);
-    const auto portable = forward("portable", q, k, v, &mb, &pb, o, lse);
+    Inputs in(rng, 1, 128, 384, 4, D);
+    const auto automatic = in.forward("auto");
+    const auto hopper = in.forward("hopper");
+    const auto portable = in.forward("portable");
     ASSERT_NE(hopper[1], portable[1]) << "the families' LSEs should differ in some last bit";
     if (D == 32) {
       EXPECT_EQ(automatic, hopper);
@@ -132,11 +142,11 @@ TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   }
 }
 
-// dQ, dK, dV and d(pair_bias) of one backward under `family`, outputs poisoned first.
-std::vector<std::vector<double>> backward(const std::string& family, const Tensor& d_o, const Tensor& q,
-                                          const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
-                                          const Tensor& mb, const Tensor& pb) {
+// dQ, dK, dV and d(pair_bias) of one backward under `family` on `in` and its forward's O and
+// LSE, outputs poisoned first.
+std::vector<std::vector<double>> backward(const std::string& family, const Tensor& d_o, const Inputs& in) {
   const ScopedEnv env("EVOATTN_KERNEL_FAMILY", family);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &o = in.o, &lse = in.lse, &mb = in.mb, &pb = in.pb;
   Tensor dq = Tensor::empty(q.sizes(), EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
   Tensor dk = Tensor::empty(k.sizes(), EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
   Tensor dv = Tensor::empty(v.sizes(), EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
@@ -173,18 +183,12 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
   for (const int64_t D : {32, 24, 64}) {
     SCOPED_TRACE("D" + std::to_string(D));
     const int64_t B = 1, N = 160, L = 384, H = 4;
-    const Tensor q = random_bf16(rng, {B, N, L, H, D}, -2, 2);
-    const Tensor k = random_bf16(rng, {B, N, L, H, D}, -2, 2);
-    const Tensor v = random_bf16(rng, {B, N, L, H, D}, -1, 1);
+    Inputs in(rng, B, N, L, H, D);
     const Tensor d_o = random_bf16(rng, {B, N, L, H, D}, -1, 1);
-    const Tensor mb = random_bf16(rng, {B, N, 1, 1, L}, -3, 0);
-    const Tensor pb = random_bf16(rng, {B, 1, H, L, L}, -2, 2);
-    Tensor o = Tensor::empty({B, N, L, H, D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
-    Tensor lse = Tensor::empty({B, N, H, L}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA);
-    forward("portable", q, k, v, &mb, &pb, o, lse);
-    const auto automatic = backward("auto", d_o, q, k, v, o, lse, mb, pb);
-    const auto hopper = backward("hopper", d_o, q, k, v, o, lse, mb, pb);
-    const auto portable = backward("portable", d_o, q, k, v, o, lse, mb, pb);
+    in.forward("portable");
+    const auto automatic = backward("auto", d_o, in);
+    const auto hopper = backward("hopper", d_o, in);
+    const auto portable = backward("portable", d_o, in);
     if (D == 64) {
       EXPECT_EQ(automatic, portable);
       EXPECT_EQ(hopper, portable) << "no Hopper backward at head dim 64: the switch keeps the portable one";

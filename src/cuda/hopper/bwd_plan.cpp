@@ -16,22 +16,15 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   if (family == Family::kPortable || p.D > kMaxHeadDim || head_dim_bucket(p.D) != 32 || plan.delta_in_dkdv) return false;
   const int64_t items = p.B * p.N * p.H;
   if (items >= (int64_t{1} << 31)) return false;
-  int major = 0, sms = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (major != 9) return false;
+  const int sms = hopper_sms(p.device);
+  if (sms == 0) return false;
   if (family == Family::kAuto && !bwd_auto_prefers_hopper(32, p.Lq, items, sms)) return false;
-  if (!tma_encoder_available()) return false;
-  if (plan.tile_slots != 0 && plan.tile_fast_slot < 0) return false;
+  if (!tile_takes_tma(p, plan)) return false;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
       !tma_legal(seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o) ||
       !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) || !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
     return false;
   }
-  if (plan.tile_fast_slot >= 0 && !tma_legal(tile_tensor_shape(p, plan.tile_single), plan.tile_single.ptr)) return false;
   size_t allowed = 0;
   return smem_per_block_limit(p.device, &allowed) == cudaSuccess && bwd_smem_bytes(plan.q_tiles) <= allowed;
 #endif

@@ -22,6 +22,21 @@ Family requested_family() {
   return Family::kAuto;
 }
 
+int hopper_sms(int device) {
+  int major = 0, sms = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return major == 9 && tma_encoder_available() ? sms : 0;
+}
+
+bool tile_takes_tma(const FwdParams& p, const LaunchPlan& plan) {
+  if (plan.tile_slots == 0) return true;
+  return plan.tile_fast_slot >= 0 && tma_legal(tile_tensor_shape(p, plan.tile_single), plan.tile_single.ptr);
+}
+
 bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
 #if !defined(EVOATTN_WITH_HOPPER)
   (void)p;
@@ -33,22 +48,15 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers_for(bucket, p.Lq);
   const int64_t items = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
   if (items >= (int64_t{1} << 31)) return false;
-  int major = 0, sms = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (major != 9) return false;
+  const int sms = hopper_sms(p.device);
+  if (sms == 0) return false;
   if (family == Family::kAuto && !fwd_auto_prefers_hopper(bucket, consumers, items, sms)) return false;
-  if (!tma_encoder_available()) return false;
-  if (plan.tile_slots != 0 && plan.tile_fast_slot < 0) return false;
+  if (!tile_takes_tma(p, plan)) return false;
   if (p.o_stride.d != 1) return false;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) ||
       !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
     return false;
   }
-  if (plan.tile_fast_slot >= 0 && !tma_legal(tile_tensor_shape(p, plan.tile_single), plan.tile_single.ptr)) return false;
   size_t allowed = 0;
   return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket, consumers) <= allowed;
 #endif

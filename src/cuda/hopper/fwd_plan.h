@@ -62,6 +62,13 @@ constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64
 // fast tile) are laid out as TMA takes them, O has unit stride along D, and the grid fits.
 bool fwd_usable(const FwdParams& p, const LaunchPlan& plan);
 
+// The SM count of `device` where it is a GPU of compute capability 9.x and the driver encodes
+// tensor maps (the Hopper kernels can run), else 0.
+int hopper_sms(int device);
+// Whether the call's tile bias, if any, is one the Hopper kernels copy by TMA: at most one, the
+// fast tile, its strides and base TMA-legal.
+bool tile_takes_tma(const FwdParams& p, const LaunchPlan& plan);
+
 // The tile bias as TMA sees it: [B, N, H, Lq, Lk] ({key, query, h, n, b}), size 1 along the
 // dimensions it broadcasts on (stride 0).
 TensorShape tile_tensor_shape(const FwdParams& p, const BiasParams& t);
