@@ -1,6 +1,6 @@
-// The kernel families on one GPU: EVOATTN_KERNEL_FAMILY=hopper takes the Hopper forward
-// (src/cuda/hopper/) on compute capability 9.x, =portable the mma.sync kernels, unset (auto) the
-// one that measured faster for the call. The whole 16-bit grid also runs under the Hopper switch
+// The kernel families on one GPU: EVOATTN_KERNEL_FAMILY=hopper takes the Hopper forward and
+// backward (src/cuda/hopper/) on compute capability 9.x, =portable the mma.sync kernels, unset
+// (auto) the one that measured faster for the call. The whole 16-bit grid also runs under the Hopper switch
 // (ctest's "hopper." tests, tests/cpp/CMakeLists.txt); these tests show the switch reaches a
 // different kernel, which agrees with the portable one, and what auto takes.
 // Skipped without a GPU of compute capability 9.x or without the Hopper family in the build.
