@@ -18,6 +18,10 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   if (items >= (int64_t{1} << 31)) return false;
   const int sms = hopper_sms(p.device);
   if (sms == 0) return false;
+  // A block's step counter (int, its rings' phases) counts every query tile of every key block
+  // of its items: it must stay below 2^31 (a concern only on GPUs with few SMs, e.g. MIG slices).
+  const int64_t k_blocks = (p.Lk + 64 * kBwdConsumers - 1) / (64 * kBwdConsumers);
+  if ((items + sms - 1) / sms * k_blocks * plan.q_tiles >= (int64_t{1} << 31)) return false;
   if (family == Family::kAuto && !bwd_auto_prefers_hopper(32, p.Lq, items, sms)) return false;
   if (!tile_takes_tma(p, plan)) return false;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
