@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
       wgmma_fence();
       for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, 32>(dv_acc, pa[kp], do_mn + seq_off + 64 * kp, 1);
       for (int kp = 0; kp < 4; ++kp) {
-        wgmma_ss_bt<Element, 32>(dk_acc, ds_k + buf * (L::kDsBytes >> 4) + 2 * kp, q_mn + seq_off + 64 * kp, 1);
+        wgmma_ss<Element, 32, 0, 1>(dk_acc, ds_k + buf * (L::kDsBytes >> 4) + 2 * kp, q_mn + seq_off + 64 * kp, 1);
       }
       wgmma_commit();
       if (qt + 1 < plan.q_tiles) issue_s_dp(it + 1);
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
           }
         wgmma_fence();
         for (int kk = 0; kk < L::kKeys / 16; ++kk) {
-          wgmma_ss_mn<Element, 32>(dq_acc, ds_mn + buf * (L::kDsBytes >> 4) + 128 * kk, k_mn + kv_off + 64 * kk, 1);
+          wgmma_ss<Element, 32, 1, 1>(dq_acc, ds_mn + buf * (L::kDsBytes >> 4) + 128 * kk, k_mn + kv_off + 64 * kk, 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
