@@ -67,8 +67,7 @@ struct BwdLayout {
   static constexpr int kStats = kKeyBias + 2 * kKeys * 4;
   static constexpr int kBarriers = kStats + kStages * kStatsBytes;
   static constexpr int kFixed = kBarriers + (2 * kStages + 8) * 8;
-  static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;
-  static size_t bytes(int q_tiles) { return static_cast<size_t>(kDq) + static_cast<size_t>(q_tiles) * 64 * 32 * 4 + 1024; }
+  static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;  // then [64 q_tiles][32] floats: bwd_smem_bytes
   static_assert(kConsumers == kBwdConsumers && kStages == kBwdStages, "bwd_plan.h sizes this layout");
   static_assert(kFixed == bwd_fixed_smem_bytes(), "bwd_plan.h counts this layout");
   static_assert(kTile % 1024 == 0 && kDs % 1024 == 0 && kKvStageBytes % 1024 == 0, "swizzle atoms stay aligned");
@@ -333,13 +332,15 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
       // The dS^T arrivals also order this tile's running-dQ accesses after the previous key
       // block's (another consumer's, before its arrival).
       if (it % kC == c) {
+        // This thread's running-dQ pair of row g + 8r, columns 8j + 2t (chunks swizzled by the row).
         float* const dq_row = dq_smem + (qt * 64 + 16 * w + g) * 32 + 2 * t;
+        auto dq_pair = [&](int r, int j) { return reinterpret_cast<float2*>(dq_row + r * 8 * 32 + ((j ^ (g & 3)) * 8)); };
         mbarrier_wait(&ds_full[buf], (it >> 1) & 1);
         float dq_acc[16];
         for (int r = 0; r < 2; ++r)
           for (int j = 0; j < 4; ++j) {
             float2 v = make_float2(0.0f, 0.0f);
-            if (kb > 0) v = *reinterpret_cast<const float2*>(dq_row + r * 8 * 32 + ((j ^ (g & 3)) * 8));
+            if (kb > 0) v = *dq_pair(r, j);
             dq_acc[4 * j + 2 * r] = v.x;
             dq_acc[4 * j + 2 * r + 1] = v.y;
           }
@@ -360,8 +361,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
         } else {
           for (int r = 0; r < 2; ++r)
             for (int j = 0; j < 4; ++j)
-              *reinterpret_cast<float2*>(dq_row + r * 8 * 32 + ((j ^ (g & 3)) * 8)) =
-                  make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
+              *dq_pair(r, j) = make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
         }
       }
     }
@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   using L = BwdLayout<kBwdConsumers, kBwdStages>;
-  const size_t bytes = L::bytes(plan.q_tiles);
+  const size_t bytes = bwd_smem_bytes(plan.q_tiles);
   auto* kernel = bwd_kernel<Element, kHeadDim>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {
     return e;

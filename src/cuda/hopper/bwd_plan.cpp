@@ -20,8 +20,7 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   if (sms == 0) return false;
   // A block's step counter (int, its rings' phases) counts every query tile of every key block
   // of its items: it must stay below 2^31 (a concern only on GPUs with few SMs, e.g. MIG slices).
-  const int64_t k_blocks = (p.Lk + 64 * kBwdConsumers - 1) / (64 * kBwdConsumers);
-  if ((items + sms - 1) / sms * k_blocks * plan.q_tiles >= (int64_t{1} << 31)) return false;
+  if ((items + sms - 1) / sms * bwd_key_blocks(p.Lk) * plan.q_tiles >= (int64_t{1} << 31)) return false;
   if (family == Family::kAuto && !bwd_auto_prefers_hopper(32, p.Lq, items, sms)) return false;
   if (!tile_takes_tma(p, plan)) return false;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
@@ -50,7 +49,7 @@ cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* o
     out->tile_varies_h = t.stride.h != 0;
   }
   out->q_tiles = plan.q_tiles;
-  out->k_blocks = static_cast<int32_t>((p.Lk + 64 * kBwdConsumers - 1) / (64 * kBwdConsumers));
+  out->k_blocks = static_cast<int32_t>(bwd_key_blocks(p.Lk));
   out->key_slots = plan.key_slots;
   out->key_single_slot = plan.key_single_slot >= 0 && plan.key_single.dtype == p.dtype ? plan.key_single_slot : -1;
   out->pairs_dq = plan.pairs_dq;

@@ -23,13 +23,16 @@ struct BwdPlan {
   // (32: 64-byte swizzled rows); the tile bias as in FwdPlan, boxes of 64 keys x 64 queries.
   CUtensorMap q, d_o, k, v, tile;
   int32_t q_tiles;   // ceil(Lq / 64)
-  int32_t k_blocks;  // ceil(Lk / (64 kBwdConsumers))
+  int32_t k_blocks;  // bwd_key_blocks(Lk)
   uint32_t key_slots;       // LaunchPlan::key_slots
   int32_t key_single_slot;  // the only key slot where it holds the inputs' dtype, else -1
   bool has_tile;            // one tile bias, copied by TMA
   bool tile_varies_b, tile_varies_n, tile_varies_h;
   bool pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
 };
+
+// Key blocks of 64 kBwdConsumers keys over Lk.
+constexpr int64_t bwd_key_blocks(int64_t Lk) { return (Lk + 64 * kBwdConsumers - 1) / (64 * kBwdConsumers); }
 
 // The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 32:
 // two stages of K and V (64 keys x 64 bytes a consumer), kBwdStages of Q, dO (64 rows x 64
