@@ -10,10 +10,11 @@
 //     per key block: K, V by TMA into one of two stages; the block's key biases (x log2 e)
 //     per query tile: Q, dO and each consumer's tile-bias box by TMA into a kStages ring; the
 //     rows' statistics (row max, row log-sum, Delta: the row-statistics kernel's, from the
-//     workspace; past Lq +inf, 0, 0 so P = 0)
+//     workspace; past Lq +inf, 0, 0 so P = 0) and whether a row log-sum is nonzero
 //   consumers, for each query tile (64 queries):
 //     mainloop  S^T = K Q^T, dP^T = V dO^T              (wgmma; all from shared memory)
-//     softmax   P^T = 2^((x - row max) - row log-sum), x = score_log2 as every kernel;
+//     softmax   P^T = 2^((x - row max) - row log-sum), x = score_log2 as every kernel (the
+//               log-sum only in tiles with a recomputed row: elsewhere it is 0);
 //               dS^T = P^T (dP^T - Delta)
 //               dS^T to shared memory (16-bit; two buffers, alternate tiles), announced on
 //               an mbarrier: no consumer waits for the others unless it is the one that
@@ -56,7 +57,8 @@ struct BwdLayout {
   static constexpr int kKvStageBytes = kConsumers * kSeqBytes;
   static constexpr int kTileBytes = 64 * 64 * 2;  // a tile-bias box
   static constexpr int kDsBytes = kKeys * 128;    // one dS^T buffer
-  static constexpr int kStatsBytes = 64 * 12;     // (row max, row log-sum) pairs, then Delta
+  static constexpr int kStatsBytes = 64 * 12 + 16;  // (row max, row log-sum) pairs, Delta, a flag
+  static constexpr int kRecomputedFlag = 192;      // (in floats) nonzero if a row log-sum is
   static constexpr int kK = 0;
   static constexpr int kV = kK + 2 * kKvStageBytes;
   static constexpr int kQ = kV + 2 * kKvStageBytes;
@@ -92,6 +94,44 @@ __device__ __forceinline__ void store_rows(const float (&acc)[16], Element* base
         if (col < D) out[col * d_stride] = from_float<Element>(v0);
         if (col + 1 < D) out[(col + 1) * d_stride] = from_float<Element>(v1);
       }
+    }
+  }
+}
+
+// P^T = 2^((x - row max) - row log-sum) and dS^T = P^T (dP^T - Delta) of one thread's 64 scores
+// (keys g, g + 8; queries 8j + 2t, + 1), in place of S^T and dP^T. Compiled per tile kind: with
+// or without the tile bias (tile: its values as ldmatrix gave them), and with or without a
+// recomputed row among the tile's (without, every row log-sum is 0 and x - row max alone is the
+// same value): a runtime test per score pair split the unrolled loop into many blocks.
+template <typename Element, bool kTile, bool kRecomputed>
+__device__ __forceinline__ void probabilities(float (&s_acc)[32], float (&dp_acc)[32], const float* st,
+                                              const uint32_t (&tile)[4][4], const float (&kbias)[2],
+                                              float scale_log2, int t) {
+  for (int j = 0; j < 8; ++j) {
+    const float4 stat = *reinterpret_cast<const float4*>(st + 2 * (8 * j + 2 * t));
+    const float2 delta = *reinterpret_cast<const float2*>(st + 128 + 8 * j + 2 * t);
+    for (int r = 0; r < 2; ++r) {
+      const int i = 4 * j + 2 * r;
+      float x0, x1;
+      if constexpr (kTile) {
+        const float2 bias = unpack2<Element>(tile[j >> 1][(j & 1) * 2 + r]);
+        x0 = score_log2(s_acc[i], scale_log2, kbias[r], bias.x);
+        x1 = score_log2(s_acc[i + 1], scale_log2, kbias[r], bias.y);
+      } else {
+        x0 = score_log2(s_acc[i], scale_log2, kbias[r]);
+        x1 = score_log2(s_acc[i + 1], scale_log2, kbias[r]);
+      }
+      x0 -= stat.x;
+      x1 -= stat.z;
+      if constexpr (kRecomputed) {
+        x0 -= stat.y;
+        x1 -= stat.w;
+      }
+      const float p0 = exp2_approx(x0), p1 = exp2_approx(x1);
+      s_acc[i] = p0;
+      s_acc[i + 1] = p1;
+      dp_acc[i] = (dp_acc[i] - delta.x) * p0;
+      dp_acc[i + 1] = (dp_acc[i + 1] - delta.y) * p1;
     }
   }
 }
@@ -182,6 +222,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
           }
         }
         float* st = reinterpret_cast<float*>(smem + L::kStats + s * L::kStatsBytes);
+        bool recomputed = false;  // a row of the tile whose statistics were recomputed (backend.h)
         for (int i = 0; i < 2; ++i) {
           const int r = lane + 32 * i;
           const int64_t q = int64_t{qt} * 64 + r;
@@ -194,7 +235,10 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
           st[2 * r] = row_max;
           st[2 * r + 1] = row_log_sum;
           st[128 + r] = delta;
+          recomputed |= row_log_sum != 0.0f;
         }
+        recomputed = __any_sync(0xffffffffu, recomputed);
+        if (lane == 0) reinterpret_cast<uint32_t*>(st)[L::kRecomputedFlag] = recomputed;
         mbarrier_arrive(&full[s]);
       }
     }
@@ -264,32 +308,24 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
       const int it = it0 + kb * plan.q_tiles + qt, s = it % kS;
       const uint32_t seq_off = s * (L::kSeqBytes >> 4);
 
-      // softmax: P^T and dS^T in place of S^T and dP^T
+      // softmax: P^T and dS^T in place of S^T and dP^T, compiled per tile kind
       const float* st = reinterpret_cast<const float*>(smem + L::kStats + s * L::kStatsBytes);
-      uint32_t tile[4][4];
+      const bool recomputed = *reinterpret_cast<const uint32_t*>(st + L::kRecomputedFlag) != 0;
       if (plan.has_tile) {
+        uint32_t tile[4][4];
         const uint32_t box = tile_base + s * kC * L::kTileBytes;
         for (int jj = 0; jj < 4; ++jj) ldmatrix_x4_trans(tile[jj], box + jj * 2048);
-      }
-      for (int j = 0; j < 8; ++j) {
-        const float4 stat = *reinterpret_cast<const float4*>(st + 2 * (8 * j + 2 * t));
-        const float2 delta = *reinterpret_cast<const float2*>(st + 128 + 8 * j + 2 * t);
-        for (int r = 0; r < 2; ++r) {
-          const int i = 4 * j + 2 * r;
-          float x0, x1;
-          if (plan.has_tile) {
-            const float2 bias = unpack2<Element>(tile[j >> 1][(j & 1) * 2 + r]);
-            x0 = score_log2(s_acc[i], p.scale_log2, kbias[r], bias.x);
-            x1 = score_log2(s_acc[i + 1], p.scale_log2, kbias[r], bias.y);
-          } else {
-            x0 = score_log2(s_acc[i], p.scale_log2, kbias[r]);
-            x1 = score_log2(s_acc[i + 1], p.scale_log2, kbias[r]);
-          }
-          const float p0 = exp2_approx((x0 - stat.x) - stat.y), p1 = exp2_approx((x1 - stat.z) - stat.w);
-          s_acc[i] = p0;
-          s_acc[i + 1] = p1;
-          dp_acc[i] = (dp_acc[i] - delta.x) * p0;
-          dp_acc[i + 1] = (dp_acc[i + 1] - delta.y) * p1;
+        if (recomputed) {
+          probabilities<Element, true, true>(s_acc, dp_acc, st, tile, kbias, p.scale_log2, t);
+        } else {
+          probabilities<Element, true, false>(s_acc, dp_acc, st, tile, kbias, p.scale_log2, t);
+        }
+      } else {
+        const uint32_t no_tile[4][4] = {};
+        if (recomputed) {
+          probabilities<Element, false, true>(s_acc, dp_acc, st, no_tile, kbias, p.scale_log2, t);
+        } else {
+          probabilities<Element, false, false>(s_acc, dp_acc, st, no_tile, kbias, p.scale_log2, t);
         }
       }
       // dS^T to this tile's buffer (once the dQ two tiles back has read it): dS^T element pair

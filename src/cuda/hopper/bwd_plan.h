@@ -37,12 +37,12 @@ constexpr int64_t bwd_key_blocks(int64_t Lk) { return (Lk + 64 * kBwdConsumers -
 // The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 32:
 // two stages of K and V (64 keys x 64 bytes a consumer), kBwdStages of Q, dO (64 rows x 64
 // bytes), a tile-bias box a consumer (64 x 64 x 2 bytes) and the rows' statistics (12 bytes a
-// row); two dS^T buffers (64 x 128 bytes a consumer); two stages of key biases; the mbarriers
+// row, and a flag); two dS^T buffers (64 x 128 bytes a consumer); two stages of key biases; the mbarriers
 // (the query ring's, K and V's, the dS^T buffers');
 // the running dQ, float32 [64 q_tiles][32]; 1 KB to align the base to 1024 bytes.
 constexpr size_t bwd_fixed_smem_bytes() {
   constexpr size_t c = kBwdConsumers, s = kBwdStages;
-  return 2 * 2 * c * 4096 + s * (2 * 4096 + c * 8192 + 64 * 12) + 2 * c * 8192 + 2 * c * 64 * 4 +
+  return 2 * 2 * c * 4096 + s * (2 * 4096 + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 +
          (2 * s + 8) * 8;
 }
 constexpr size_t bwd_smem_bytes(int64_t q_tiles) {
