@@ -253,8 +253,9 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_TRUE(bwd_auto_prefers_hopper(32, 768, 768 * 4, 132));      // tri768
   EXPECT_TRUE(bwd_auto_prefers_hopper(32, 512, 256 * 8, 132));      // msacol
   EXPECT_TRUE(bwd_auto_prefers_hopper(32, 384, 4 * 384 * 4, 132));  // b4tri384
-  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 256, 256 * 4, 132));     // tri256
-  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 256, 512 * 8, 132));     // msarow
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 256, 256 * 4, 132));      // tri256
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 256, 512 * 8, 132));      // msarow
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 192, 512 * 8, 132));     // not measured faster
   EXPECT_FALSE(bwd_auto_prefers_hopper(32, 768, 16, 132));          // apb768: 16 (b, n, h)
   EXPECT_FALSE(bwd_auto_prefers_hopper(64, 256, 256 * 8, 132));     // tri256d64
   EXPECT_LE(cuda::hopper::bwd_smem_bytes(13), size_t{227} * 1024);

@@ -49,11 +49,11 @@ constexpr size_t bwd_smem_bytes(int64_t q_tiles) {
   return (bwd_fixed_smem_bytes() + 1023) / 1024 * 1024 + static_cast<size_t>(q_tiles) * 64 * 32 * 4 + 1024;
 }
 
-// The automatic choice between the backwards on a 9.x GPU (docs/perf/log.md v38): the Hopper
-// one where it measured faster, at head dims 17-32 with Lq >= 384 (tri768, msacol, b4tri384;
-// at Lq = 256 it was as fast or 1-2% slower) and (b, n, h) enough to give every SM several.
+// The automatic choice between the backwards on a 9.x GPU (docs/perf/log.md v39): the Hopper
+// one where it measured faster, at head dims 17-32 with Lq >= 256 (every bucket-32 suite shape
+// but apb768) and (b, n, h) enough to give every SM several (apb768's 16 ran slower).
 constexpr bool bwd_auto_prefers_hopper(int head_dim_bucket, int64_t Lq, int64_t items, int sms) {
-  return head_dim_bucket == 32 && Lq >= 384 && items >= int64_t{4} * sms;
+  return head_dim_bucket == 32 && Lq >= 256 && items >= int64_t{4} * sms;
 }
 
 // Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library
