@@ -61,7 +61,7 @@ HOPPER_FWD_CONSUMERS = {16: [2, 3], 32: [2, 3], 64: [2, 3], 128: [2]}
 # The Hopper backward's dK/dV/dQ kernel per head-dim bucket (bwd_usable in hopper/bwd_plan.h).
 HOPPER_BWD = ("cuda/hopper/bwd_kernel.cuh", "hopper::run_bwd",
               "(const BwdParams&, const hopper::BwdPlan&, cudaStream_t)")
-HOPPER_BWD_HEAD_DIMS = [32]
+HOPPER_BWD_HEAD_DIMS = [16, 32]
 HAND_WRITTEN = ["dispatch.cu", "kernel_launch.cu", "launch_plan.cpp", "portable/row_stats.cu", "portable/simt_fp32.cu",
                 "smem_budget.cu", "tma_maps.cpp", "hopper/fwd_plan.cpp", "hopper/bwd_plan.cpp"]
 

@@ -39,6 +39,9 @@ std::vector<Case> grid() {
     cases.push_back(shape(1, 32, 8, 66, 129, 64, dt).biases("bn11k", "b1hqk").grads(false, true));
     cases.push_back(shape(1, 64, 4, 65, 72, 128, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 128, 2, 40, 200, 16, dt).biases("bn11k", "b1hqk").grads(true, true));
+    // Head dim 8 where its rows, Lk and the pair bias take TMA (16-bit inputs: the Hopper
+    // backward's bucket 16, rows narrower than its boxes; two query tiles, two key blocks).
+    cases.push_back(shape(1, 64, 2, 100, 136, 8, dt).biases("bn11k", "b1hqk").grads(true, true));
     // The 32-key-warp kernel (fused; 4, 6 or 7+ key tiles): one query tile over four 128-key
     // blocks, the last with 8 keys in one tile and none in the other; head dim 24 (four key
     // tiles). Lk = 136 above (three key tiles) runs the 16-key kernel, as does the unfused

@@ -171,16 +171,17 @@ std::vector<std::vector<double>> backward(const std::string& family, const Tenso
   return out;
 }
 
-// The Hopper backward (head-dim bucket 32) against the portable one on the same inputs, and
-// what the automatic choice takes: the Hopper backward where bwd_auto_prefers_hopper says it is
-// faster (Lq = 384, 640 (b, n, h) on 132 SMs), bit for bit the forced one; the portable one at
-// head dim 64, which has no Hopper backward.
+// The Hopper backward (head-dim buckets 16 and 32, D >= 8) against the portable one on the same
+// inputs, and what the automatic choice takes: the Hopper backward where bwd_auto_prefers_hopper
+// says it is faster (Lq = 384, 640 (b, n, h) on 132 SMs), bit for bit the forced one; the
+// portable one at head dims 4 (Delta from the portable kernels' own P and dP) and 64, which the
+// switch leaves to it.
 TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFaster) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   std::mt19937_64 rng(131);
-  for (const int64_t D : {32, 24, 64}) {
+  for (const int64_t D : {32, 24, 16, 8, 4, 64}) {
     SCOPED_TRACE("D" + std::to_string(D));
     const int64_t B = 1, N = 160, L = 384, H = 4;
     Inputs in(rng, B, N, L, H, D);
@@ -189,9 +190,9 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
     const auto automatic = backward("auto", d_o, in);
     const auto hopper = backward("hopper", d_o, in);
     const auto portable = backward("portable", d_o, in);
-    if (D == 64) {
+    if (D < 8 || D > 32) {
       EXPECT_EQ(automatic, portable);
-      EXPECT_EQ(hopper, portable) << "no Hopper backward at head dim 64: the switch keeps the portable one";
+      EXPECT_EQ(hopper, portable) << "no Hopper backward at this head dim: the switch keeps the portable one";
       continue;
     }
     EXPECT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
@@ -206,8 +207,11 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
       EXPECT_LE(worst, 2e-2 * std::max(1.0, largest)) << names[i];
     }
     EXPECT_EQ(hopper[3], portable[3]) << "d(pair_bias) is the portable kernel's in both";
-    EXPECT_TRUE(cuda::hopper::bwd_auto_prefers_hopper(32, L, B * N * H, sms));
-    EXPECT_EQ(automatic, hopper);
+    if (cuda::hopper::bwd_auto_prefers_hopper(D <= 16 ? 16 : 32, L, B * N * H, sms)) {
+      EXPECT_EQ(automatic, hopper);
+    } else {
+      EXPECT_EQ(automatic, portable);
+    }
   }
 }
 
@@ -248,7 +252,7 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_FALSE(fwd_auto_prefers_hopper(16, 3, 5120 * 8 * 2, 132));    // extramsa (head dim 8)
   EXPECT_FALSE(fwd_auto_prefers_hopper(64, 2, 256 * 8 * 2, 132));     // tri256d64
   // The backward: the suite shapes where the Hopper backward measured faster, and the Lq its
-  // resident running dQ fits (up to 13 query tiles in 227 KB).
+  // resident running dQ fits (up to 13 query tiles in 227 KB at head-dim bucket 32, 33 at 16).
   using cuda::hopper::bwd_auto_prefers_hopper;
   EXPECT_TRUE(bwd_auto_prefers_hopper(32, 768, 768 * 4, 132));      // tri768
   EXPECT_TRUE(bwd_auto_prefers_hopper(32, 512, 256 * 8, 132));      // msacol
@@ -258,8 +262,10 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_FALSE(bwd_auto_prefers_hopper(32, 192, 512 * 8, 132));     // not measured faster
   EXPECT_FALSE(bwd_auto_prefers_hopper(32, 768, 16, 132));          // apb768: 16 (b, n, h)
   EXPECT_FALSE(bwd_auto_prefers_hopper(64, 256, 256 * 8, 132));     // tri256d64
-  EXPECT_LE(cuda::hopper::bwd_smem_bytes(13), size_t{227} * 1024);
-  EXPECT_GT(cuda::hopper::bwd_smem_bytes(14), size_t{227} * 1024);
+  EXPECT_LE(cuda::hopper::bwd_smem_bytes(32, 13), size_t{227} * 1024);
+  EXPECT_GT(cuda::hopper::bwd_smem_bytes(32, 14), size_t{227} * 1024);
+  EXPECT_LE(cuda::hopper::bwd_smem_bytes(16, 33), size_t{227} * 1024);
+  EXPECT_GT(cuda::hopper::bwd_smem_bytes(16, 34), size_t{227} * 1024);
   for (int bucket : {16, 32, 64, 128}) {
     for (int64_t lq : {1, 17, 64, 65, 128, 192, 257, 384, 1000, 5120}) {
       const int c = fwd_consumers_for(bucket, lq);

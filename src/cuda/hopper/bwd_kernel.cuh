@@ -1,6 +1,6 @@
-// Backward kernel for float16 / bfloat16 on Hopper (sm_90a): dK, dV and dQ of one (b, n, h) a
-// block, after FlashAttention-3's backward with S and dP computed transposed (keys as rows), so
-// P^T is the register A operand of dV.
+// Backward kernel for float16 / bfloat16 on Hopper (sm_90a), head-dim buckets 16 and 32: dK, dV
+// and dQ of one (b, n, h) a block, after FlashAttention-3's backward with S and dP computed
+// transposed (keys as rows), so P^T is the register A operand of dV.
 //
 //   block = kConsumers consumer warpgroups (64 keys each) and one producer warp, one block per
 //   SM walking items (b, n, h) (persistent: the rings run on across items, so the next item's
@@ -43,17 +43,19 @@
 namespace evoattn::cuda::hopper {
 
 // The block's shared memory, in bytes from a 1024-byte aligned base (bwd_plan.h counts it).
-// Q, dO, K, V: 64-row boxes of 64-byte swizzled rows as TMA writes them; tile-bias boxes
-// [64 queries][64 keys] in 128-byte swizzled rows; dS^T [keys][64 queries] in 128-byte swizzled
-// rows (the MN-major A operand of dQ); the running dQ float32 [Lq][32], its 8-float chunks
-// XOR-swizzled by the row's low two bits (conflict-free fragment accesses).
-template <int kConsumerCount, int kStageCount>
+// Q, dO, K, V: 64-row boxes of kHeadDim 16-bit elements, rows swizzled as wide as they are
+// (kRowBytes) as TMA writes them; tile-bias boxes [64 queries][64 keys] in 128-byte swizzled
+// rows; dS^T [keys][64 queries] in 128-byte swizzled rows (the MN-major A operand of dQ); the
+// running dQ float32 [Lq][kHeadDim], its 8-float chunks XOR-swizzled by dq_chunk_swizzle.
+template <int kHeadDimBucket, int kConsumerCount, int kStageCount>
 struct BwdLayout {
+  static constexpr int kHeadDim = kHeadDimBucket;
   static constexpr int kConsumers = kConsumerCount;
   static constexpr int kStages = kStageCount;
   static constexpr int kKeys = 64 * kConsumers;  // keys per block
   static constexpr int kThreads = 128 * kConsumers + 32;
-  static constexpr int kSeqBytes = 64 * 64;       // a 64-row box of 32 16-bit elements
+  static constexpr int kRowBytes = 2 * kHeadDim;
+  static constexpr int kSeqBytes = 64 * kRowBytes;  // a 64-row box
   static constexpr int kKvStageBytes = kConsumers * kSeqBytes;
   static constexpr int kTileBytes = 64 * 64 * 2;  // a tile-bias box
   static constexpr int kDsBytes = kKeys * 128;    // one dS^T buffer
@@ -69,23 +71,24 @@ struct BwdLayout {
   static constexpr int kStats = kKeyBias + 2 * kKeys * 4;
   static constexpr int kBarriers = kStats + kStages * kStatsBytes;
   static constexpr int kFixed = kBarriers + (2 * kStages + 8) * 8;
-  static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;  // then [64 q_tiles][32] floats: bwd_smem_bytes
+  static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;  // then [64 q_tiles][kHeadDim] floats
+  static_assert(kHeadDim == 16 || kHeadDim == 32, "head-dim buckets 16 and 32");
   static_assert(kConsumers == kBwdConsumers && kStages == kBwdStages, "bwd_plan.h sizes this layout");
-  static_assert(kFixed == bwd_fixed_smem_bytes(), "bwd_plan.h counts this layout");
+  static_assert(kFixed == bwd_fixed_smem_bytes(kHeadDim), "bwd_plan.h counts this layout");
   static_assert(kTile % 1024 == 0 && kDs % 1024 == 0 && kKvStageBytes % 1024 == 0, "swizzle atoms stay aligned");
 };
 
-// A thread's 16 accumulators of a 64 x 32 C-layout tile (rows row0 and row0 + 8, columns
-// 8j + 2t, + 1) times `mul` into rows of `base`; rows at or past `rows` and columns at or past D
-// are not stored.
-template <typename Element>
-__device__ __forceinline__ void store_rows(const float (&acc)[16], Element* base, int64_t row_stride, int64_t d_stride,
+// A thread's kCols / 2 accumulators of a 64 x kCols C-layout tile (rows row0 and row0 + 8,
+// columns 8j + 2t, + 1) times `mul` into rows of `base`; rows at or past `rows` and columns at or
+// past D are not stored.
+template <typename Element, int kHalf>
+__device__ __forceinline__ void store_rows(const float (&acc)[kHalf], Element* base, int64_t row_stride, int64_t d_stride,
                                            int64_t row0, int64_t rows, int D, bool pairs, float mul, int t) {
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + 8 * r;
     if (row >= rows) continue;
     Element* out = base + row * row_stride;
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kHalf / 4; ++j) {
       const int col = 8 * j + 2 * t;
       const float v0 = acc[4 * j + 2 * r] * mul, v1 = acc[4 * j + 2 * r + 1] * mul;
       if (pairs && col + 1 < D) {
@@ -136,11 +139,18 @@ __device__ __forceinline__ void probabilities(float (&s_acc)[32], float (&dp_acc
   }
 }
 
+// The running dQ's chunk swizzle of a thread's row (g = its row in an 8-row group): the 8-float
+// chunks of rows g = 0..3 (the 16 lanes of one float2 access phase) fall in distinct banks.
+template <int kHeadDim>
+__device__ __forceinline__ int dq_chunk_swizzle(int g) {
+  return kHeadDim == 32 ? (g & 3) : ((g >> 1) & 1);  // 128-byte rows: one a bank line; 64: two
+}
+
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads, 1)
+__global__ void __launch_bounds__(BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdPlan plan, const __grid_constant__ BwdParams p) {
-  static_assert(kHeadDim == 32, "head-dim bucket 32");
-  using L = BwdLayout<kBwdConsumers, kBwdStages>;
+  using L = BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>;
+  constexpr int kHalf = kHeadDim / 2;  // accumulators of a 64 x kHeadDim tile a thread
   constexpr int kC = L::kConsumers, kS = L::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -251,19 +261,20 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
   // Descriptors at stage 0 (a stage or a k-step adds its offset in 16-byte units), each a
   // constant offset (start address, leading byte offset) from one of two bases, so they cost
   // no registers of their own.
-  const uint64_t sw64 = smem_desc<64>(smem, 0, 512), sw128 = smem_desc<128>(smem, 0, 1024);
+  const uint64_t sw_seq = smem_desc<L::kRowBytes>(smem, 0, 8 * L::kRowBytes), sw128 = smem_desc<128>(smem, 0, 1024);
   auto at = [](int bytes, int leading_bytes) {
     return static_cast<uint64_t>(bytes >> 4) | static_cast<uint64_t>(leading_bytes >> 4) << 16;
   };
   const uint32_t c_rows = c * (L::kSeqBytes >> 4);  // this consumer's 64 rows of K, V
   //   K-major (S^T, dP^T): K, V rows of this consumer's keys; Q, dO rows of the query tile.
-  const uint64_t k_desc = sw64 + at(L::kK, 16) + c_rows, v_desc = sw64 + at(L::kV, 16) + c_rows;
-  const uint64_t q_desc = sw64 + at(L::kQ, 16), do_desc = sw64 + at(L::kDO, 16);
-  //   MN-major (dV += P^T dO, dK += dS^T Q: dO, Q transposed; dQ += dS K: dS^T and K transposed).
-  const uint64_t do_mn = sw64 + at(L::kDO, L::kSeqBytes), q_mn = sw64 + at(L::kQ, L::kSeqBytes);
-  const uint64_t ds_mn = sw128 + at(L::kDs, L::kDsBytes), k_mn = sw64 + at(L::kK, L::kKvStageBytes);
+  const uint64_t k_desc = sw_seq + at(L::kK, 16) + c_rows, v_desc = sw_seq + at(L::kV, 16) + c_rows;
+  const uint64_t q_desc = sw_seq + at(L::kQ, 16), do_desc = sw_seq + at(L::kDO, 16);
+  //   MN-major (dV += P^T dO, dK += dS^T Q: dO, Q transposed; dQ += dS K: dS^T and K transposed),
+  //   a k-step of 16 rows kRowBytes 16-byte units on.
+  const uint64_t do_mn = sw_seq + at(L::kDO, L::kSeqBytes), q_mn = sw_seq + at(L::kQ, L::kSeqBytes);
+  const uint64_t ds_mn = sw128 + at(L::kDs, L::kDsBytes), k_mn = sw_seq + at(L::kK, L::kKvStageBytes);
   //   K-major A of dK += dS^T Q: this consumer's rows of the dS^T buffer.
-  const uint64_t ds_k = sw128 + at(L::kDs, 16) + 2 * c_rows;
+  const uint64_t ds_k = sw128 + at(L::kDs, 16) + c * (64 * 128 >> 4);
   // This thread's ldmatrix.trans offset into a tile-bias box: the 8 x 8 blocks (keys 16w + 8 (m & 1),
   // queries 8 (2jj + (m >> 1))) of matrix m = lane / 8; query tile jj adds 16 rows (2048 bytes).
   const int m = lane / 8;
@@ -272,7 +283,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
   // This thread's dS^T element pairs: key rows 64c + 16w + g (+ 8), 128-byte rows swizzled by g.
   uint8_t* const ds_row = smem + L::kDs + (64 * c + 16 * w + g) * 128 + 4 * t;
 
-  float s_acc[32], dp_acc[32], dk_acc[16], dv_acc[16];
+  float s_acc[32], dp_acc[32], dk_acc[kHalf], dv_acc[kHalf];
   for (int i = 0; i < 32; ++i) s_acc[i] = dp_acc[i] = 0.0f;
   uint32_t pa[4][4];
 
@@ -283,7 +294,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
     mbarrier_wait(&kv_full[kvs], (kv_it >> 1) & 1);
     const float kbias[2] = {key_bias[kvs * L::kKeys + 64 * c + 16 * w + g],
                             key_bias[kvs * L::kKeys + 64 * c + 16 * w + g + 8]};
-    for (int i = 0; i < 16; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
+    for (int i = 0; i < kHalf; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
     const bool last_kb = kb + 1 == plan.k_blocks;
 
     const uint32_t kv_off = kvs * (L::kKvStageBytes >> 4);
@@ -292,8 +303,12 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
       const int s = it % kS;
       mbarrier_wait(&full[s], (it / kS) & 1);
       const uint32_t seq_off = s * (L::kSeqBytes >> 4);
-      for (int kk = 0; kk < 2; ++kk) wgmma_ss<Element, 64>(s_acc, k_desc + kv_off + 2 * kk, q_desc + seq_off + 2 * kk, kk);
-      for (int kk = 0; kk < 2; ++kk) wgmma_ss<Element, 64>(dp_acc, v_desc + kv_off + 2 * kk, do_desc + seq_off + 2 * kk, kk);
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        wgmma_ss<Element, 64>(s_acc, k_desc + kv_off + 2 * kk, q_desc + seq_off + 2 * kk, kk);
+      }
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        wgmma_ss<Element, 64>(dp_acc, v_desc + kv_off + 2 * kk, do_desc + seq_off + 2 * kk, kk);
+      }
       wgmma_commit();
     };
     // The key block's first S^T and dP^T; each step then issues the next step's behind its own
@@ -347,9 +362,10 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
 
       // mainloop: dV += P^T dO, dK += dS^T Q (16 queries a k-step); then the next step's S^T, dP^T
       wgmma_fence();
-      for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, 32>(dv_acc, pa[kp], do_mn + seq_off + 64 * kp, 1);
+      for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, kHeadDim>(dv_acc, pa[kp], do_mn + seq_off + L::kRowBytes * kp, 1);
       for (int kp = 0; kp < 4; ++kp) {
-        wgmma_ss<Element, 32, 0, 1>(dk_acc, ds_k + buf * (L::kDsBytes >> 4) + 2 * kp, q_mn + seq_off + 64 * kp, 1);
+        wgmma_ss<Element, kHeadDim, 0, 1>(dk_acc, ds_k + buf * (L::kDsBytes >> 4) + 2 * kp,
+                                          q_mn + seq_off + L::kRowBytes * kp, 1);
       }
       wgmma_commit();
       if (qt + 1 < plan.q_tiles) issue_s_dp(it + 1);
@@ -369,12 +385,14 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
       // block's (another consumer's, before its arrival).
       if (it % kC == c) {
         // This thread's running-dQ pair of row g + 8r, columns 8j + 2t (chunks swizzled by the row).
-        float* const dq_row = dq_smem + (qt * 64 + 16 * w + g) * 32 + 2 * t;
-        auto dq_pair = [&](int r, int j) { return reinterpret_cast<float2*>(dq_row + r * 8 * 32 + ((j ^ (g & 3)) * 8)); };
+        float* const dq_row = dq_smem + (qt * 64 + 16 * w + g) * kHeadDim + 2 * t;
+        auto dq_pair = [&](int r, int j) {
+          return reinterpret_cast<float2*>(dq_row + r * 8 * kHeadDim + ((j ^ dq_chunk_swizzle<kHeadDim>(g)) * 8));
+        };
         mbarrier_wait(&ds_full[buf], (it >> 1) & 1);
-        float dq_acc[16];
+        float dq_acc[kHalf];
         for (int r = 0; r < 2; ++r)
-          for (int j = 0; j < 4; ++j) {
+          for (int j = 0; j < kHalf / 4; ++j) {
             float2 v = make_float2(0.0f, 0.0f);
             if (kb > 0) v = *dq_pair(r, j);
             dq_acc[4 * j + 2 * r] = v.x;
@@ -382,7 +400,8 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
           }
         wgmma_fence();
         for (int kk = 0; kk < L::kKeys / 16; ++kk) {
-          wgmma_ss<Element, 32, 1, 1>(dq_acc, ds_mn + buf * (L::kDsBytes >> 4) + 128 * kk, k_mn + kv_off + 64 * kk, 1);
+          wgmma_ss<Element, kHeadDim, 1, 1>(dq_acc, ds_mn + buf * (L::kDsBytes >> 4) + 128 * kk,
+                                            k_mn + kv_off + L::kRowBytes * kk, 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -396,7 +415,7 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
                               plan.pairs_dq, p.scale, t);
         } else {
           for (int r = 0; r < 2; ++r)
-            for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < kHalf / 4; ++j)
               *dq_pair(r, j) = make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
         }
       }
@@ -418,8 +437,8 @@ __global__ void __launch_bounds__(BwdLayout<kBwdConsumers, kBwdStages>::kThreads
 
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
-  using L = BwdLayout<kBwdConsumers, kBwdStages>;
-  const size_t bytes = bwd_smem_bytes(plan.q_tiles);
+  using L = BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>;
+  const size_t bytes = bwd_smem_bytes(kHeadDim, plan.q_tiles);
   auto* kernel = bwd_kernel<Element, kHeadDim>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {
     return e;

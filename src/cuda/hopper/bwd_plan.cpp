@@ -1,5 +1,6 @@
 #include "cuda/hopper/bwd_plan.h"
 
+#include "backend.h"
 #include "cuda/hopper/fwd_plan.h"
 #include "cuda/smem_budget.h"
 #include "cuda/tma_maps.h"
@@ -13,7 +14,9 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   return false;
 #else
   const Family family = requested_family();
-  if (family == Family::kPortable || p.D > kMaxHeadDim || head_dim_bucket(p.D) != 32 || plan.delta_in_dkdv) return false;
+  if (family == Family::kPortable || p.D > kMaxHeadDim || exact_delta(p) || plan.delta_in_dkdv) return false;
+  const int bucket = head_dim_bucket(p.D);
+  if (bucket != 16 && bucket != 32) return false;
   const int64_t items = p.B * p.N * p.H;
   if (items >= (int64_t{1} << 31)) return false;
   const int sms = hopper_sms(p.device);
@@ -21,7 +24,7 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   // A block's step counter (int, its rings' phases) counts every query tile of every key block
   // of its items: it must stay below 2^31 (a concern only on GPUs with few SMs, e.g. MIG slices).
   if ((items + sms - 1) / sms * bwd_key_blocks(p.Lk) * plan.q_tiles >= (int64_t{1} << 31)) return false;
-  if (family == Family::kAuto && !bwd_auto_prefers_hopper(32, p.Lq, items, sms)) return false;
+  if (family == Family::kAuto && !bwd_auto_prefers_hopper(bucket, p.Lq, items, sms)) return false;
   if (!tile_takes_tma(p, plan)) return false;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
       !tma_legal(seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o) ||
@@ -29,17 +32,19 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
     return false;
   }
   size_t allowed = 0;
-  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && bwd_smem_bytes(plan.q_tiles) <= allowed;
+  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && bwd_smem_bytes(bucket, plan.q_tiles) <= allowed;
 #endif
 }
 
 cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out) {
   *out = BwdPlan{};
-  constexpr int kChunk = 32;  // head-dim bucket 32: rows of 64 bytes
-  if (cudaError_t e = encode_tma_map(&out->q, seq_tensor_shape(p, p.q_stride, p.Lq), p.q, kChunk, 64, 64)) return e;
-  if (cudaError_t e = encode_tma_map(&out->d_o, seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o, kChunk, 64, 64)) return e;
-  if (cudaError_t e = encode_tma_map(&out->k, seq_tensor_shape(p, p.k_stride, p.Lk), p.k, kChunk, 64, 64)) return e;
-  if (cudaError_t e = encode_tma_map(&out->v, seq_tensor_shape(p, p.v_stride, p.Lk), p.v, kChunk, 64, 64)) return e;
+  const int bucket = head_dim_bucket(p.D), row_bytes = 2 * bucket;  // bwd_usable: bucket 16 or 32
+  if (cudaError_t e = encode_tma_map(&out->q, seq_tensor_shape(p, p.q_stride, p.Lq), p.q, bucket, 64, row_bytes)) return e;
+  if (cudaError_t e = encode_tma_map(&out->d_o, seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o, bucket, 64, row_bytes)) {
+    return e;
+  }
+  if (cudaError_t e = encode_tma_map(&out->k, seq_tensor_shape(p, p.k_stride, p.Lk), p.k, bucket, 64, row_bytes)) return e;
+  if (cudaError_t e = encode_tma_map(&out->v, seq_tensor_shape(p, p.v_stride, p.Lk), p.v, bucket, 64, row_bytes)) return e;
   out->has_tile = plan.tile_fast_slot >= 0;
   if (out->has_tile) {
     const BiasParams& t = plan.tile_single;

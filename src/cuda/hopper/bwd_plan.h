@@ -13,14 +13,16 @@
 namespace evoattn::cuda::hopper {
 
 // Consumer warpgroups of a backward block, 64 keys each. Two, so the running dQ of a whole
-// (b, n, h) fits beside them in shared memory up to Lq = 832 (bwd_smem_bytes).
+// (b, n, h) fits beside them in shared memory up to Lq = 832 at head-dim bucket 32 and 2112 at
+// 16 (bwd_smem_bytes).
 constexpr int kBwdConsumers = 2;
 // Stages of the query-tile ring (Q, dO, the tile-bias boxes, the rows' statistics).
 constexpr int kBwdStages = 2;
 
 struct BwdPlan {
   // Q, dO, K, V as [B, N, H, L, D] ({d, row, h, n, b}) in boxes of 64 rows x the head-dim bucket
-  // (32: 64-byte swizzled rows); the tile bias as in FwdPlan, boxes of 64 keys x 64 queries.
+  // (rows of 2 bucket bytes, swizzled as wide); the tile bias as in FwdPlan, boxes of 64 keys x
+  // 64 queries.
   CUtensorMap q, d_o, k, v, tile;
   int32_t q_tiles;   // ceil(Lq / 64)
   int32_t k_blocks;  // bwd_key_blocks(Lk)
@@ -34,19 +36,19 @@ struct BwdPlan {
 // Key blocks of 64 kBwdConsumers keys over Lk.
 constexpr int64_t bwd_key_blocks(int64_t Lk) { return (Lk + 64 * kBwdConsumers - 1) / (64 * kBwdConsumers); }
 
-// The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 32:
-// two stages of K and V (64 keys x 64 bytes a consumer), kBwdStages of Q, dO (64 rows x 64
-// bytes), a tile-bias box a consumer (64 x 64 x 2 bytes) and the rows' statistics (12 bytes a
-// row, and a flag); two dS^T buffers (64 x 128 bytes a consumer); two stages of key biases; the mbarriers
-// (the query ring's, K and V's, the dS^T buffers');
-// the running dQ, float32 [64 q_tiles][32]; 1 KB to align the base to 1024 bytes.
-constexpr size_t bwd_fixed_smem_bytes() {
+// The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 16 or 32,
+// where a 64-row box of Q, dO, K or V takes 128 `bucket` bytes: two stages of K and V (a box
+// each a consumer), kBwdStages of Q, dO (a box each), a tile-bias box a consumer (64 x 64 x 2
+// bytes) and the rows' statistics (12 bytes a row, and a flag); two dS^T buffers (64 x 128 bytes
+// a consumer); two stages of key biases; the mbarriers (the query ring's, K and V's, the dS^T
+// buffers'); the running dQ, float32 [64 q_tiles][bucket]; 1 KB to align the base to 1024 bytes.
+constexpr size_t bwd_fixed_smem_bytes(int bucket) {
   constexpr size_t c = kBwdConsumers, s = kBwdStages;
-  return 2 * 2 * c * 4096 + s * (2 * 4096 + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 +
-         (2 * s + 8) * 8;
+  const size_t box = size_t{128} * bucket;
+  return 2 * 2 * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + (2 * s + 8) * 8;
 }
-constexpr size_t bwd_smem_bytes(int64_t q_tiles) {
-  return (bwd_fixed_smem_bytes() + 1023) / 1024 * 1024 + static_cast<size_t>(q_tiles) * 64 * 32 * 4 + 1024;
+constexpr size_t bwd_smem_bytes(int bucket, int64_t q_tiles) {
+  return (bwd_fixed_smem_bytes(bucket) + 1023) / 1024 * 1024 + static_cast<size_t>(q_tiles) * 64 * bucket * 4 + 1024;
 }
 
 // The automatic choice between the backwards on a 9.x GPU (docs/perf/log.md v39): the Hopper
@@ -58,7 +60,9 @@ constexpr bool bwd_auto_prefers_hopper(int head_dim_bucket, int64_t Lq, int64_t 
 
 // Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library
 // was built with the Hopper family, the device has compute capability 9.x, the family asked for
-// (requested_family) is hopper or auto where bwd_auto_prefers_hopper, head-dim bucket 32, Q, dO,
+// (requested_family) is hopper or auto where bwd_auto_prefers_hopper, head-dim bucket 16 or 32
+// with D >= kExactDeltaHeadDim (below it Delta must be summed from the portable kernels' very P
+// and dP, backend.h), Q, dO,
 // K, V and the tile bias (if any: at most one, the fast tile) laid out as TMA takes them, and
 // the running dQ of Lq rows fits shared memory. The bias gradients still run the portable
 // kernels after it.
