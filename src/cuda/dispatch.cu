@@ -288,7 +288,10 @@ cudaError_t bwd_hopper(const BwdParams& p, const LaunchPlan& plan, cudaStream_t 
   if constexpr (cuda::variants::hopper_bwd(kHeadDim)) {
     cuda::hopper::BwdPlan hopper_plan;
     if (cudaError_t e = cuda::hopper::make_bwd_plan(p, plan, &hopper_plan)) return e;
-    return cuda::hopper::run_bwd<Element, kHeadDim>(p, hopper_plan, stream);
+    if constexpr (cuda::variants::hopper_bwd_consumers(kHeadDim, 3)) {
+      if (hopper_plan.consumers == 3) return cuda::hopper::run_bwd<Element, kHeadDim, 3>(p, hopper_plan, stream);
+    }
+    return cuda::hopper::run_bwd<Element, kHeadDim, 2>(p, hopper_plan, stream);
   }
 #endif
   (void)p;

@@ -116,8 +116,12 @@ set(EVOATTN_HOPPER_SOURCES
   cuda/hopper/instantiations/fwd_bf16_hdim64_c2.cu
   cuda/hopper/instantiations/fwd_bf16_hdim64_c3.cu
   cuda/hopper/instantiations/fwd_bf16_hdim128_c2.cu
-  cuda/hopper/instantiations/bwd_fp16_hdim16.cu
-  cuda/hopper/instantiations/bwd_fp16_hdim32.cu
-  cuda/hopper/instantiations/bwd_bf16_hdim16.cu
-  cuda/hopper/instantiations/bwd_bf16_hdim32.cu
+  cuda/hopper/instantiations/bwd_fp16_hdim16_c2.cu
+  cuda/hopper/instantiations/bwd_fp16_hdim16_c3.cu
+  cuda/hopper/instantiations/bwd_fp16_hdim32_c2.cu
+  cuda/hopper/instantiations/bwd_fp16_hdim32_c3.cu
+  cuda/hopper/instantiations/bwd_bf16_hdim16_c2.cu
+  cuda/hopper/instantiations/bwd_bf16_hdim16_c3.cu
+  cuda/hopper/instantiations/bwd_bf16_hdim32_c2.cu
+  cuda/hopper/instantiations/bwd_bf16_hdim32_c3.cu
 )

@@ -261,11 +261,35 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_TRUE(bwd_auto_prefers_hopper(32, 256, 512 * 8, 132));      // msarow
   EXPECT_FALSE(bwd_auto_prefers_hopper(32, 192, 512 * 8, 132));     // not measured faster
   EXPECT_FALSE(bwd_auto_prefers_hopper(32, 768, 16, 132));          // apb768: 16 (b, n, h)
+  EXPECT_TRUE(bwd_auto_prefers_hopper(16, 384, 5120 * 8, 132));     // extramsa
+  EXPECT_FALSE(bwd_auto_prefers_hopper(16, 256, 4 * 256 * 4, 132));  // template: as fast
   EXPECT_FALSE(bwd_auto_prefers_hopper(64, 256, 256 * 8, 132));     // tri256d64
-  EXPECT_LE(cuda::hopper::bwd_smem_bytes(32, 13), size_t{227} * 1024);
-  EXPECT_GT(cuda::hopper::bwd_smem_bytes(32, 14), size_t{227} * 1024);
-  EXPECT_LE(cuda::hopper::bwd_smem_bytes(16, 33), size_t{227} * 1024);
-  EXPECT_GT(cuda::hopper::bwd_smem_bytes(16, 34), size_t{227} * 1024);
+  using cuda::hopper::bwd_smem_bytes;
+  EXPECT_LE(bwd_smem_bytes(32, 2, 13), size_t{227} * 1024);
+  EXPECT_GT(bwd_smem_bytes(32, 2, 14), size_t{227} * 1024);
+  EXPECT_LE(bwd_smem_bytes(16, 2, 33), size_t{227} * 1024);
+  EXPECT_GT(bwd_smem_bytes(16, 2, 34), size_t{227} * 1024);
+  // Three consumers where their running dQ fits (Lq up to 448 at bucket 32, 1472 at 16) and
+  // 192-key blocks pad Lk no further than 128-key ones.
+  using cuda::hopper::bwd_consumers_for;
+  EXPECT_EQ(bwd_consumers_for(32, 6, 384), 3);   // b4tri384
+  EXPECT_EQ(bwd_consumers_for(32, 4, 256), 2);   // tri256, msarow: 384 keys against 256
+  EXPECT_EQ(bwd_consumers_for(32, 7, 448), 2);   // 576 keys against 512
+  EXPECT_EQ(bwd_consumers_for(32, 7, 384), 3);   // Lq 448: the running dQ still fits
+  EXPECT_EQ(bwd_consumers_for(32, 8, 512), 2);   // msacol: the running dQ does not fit
+  EXPECT_EQ(bwd_consumers_for(32, 12, 768), 2);  // tri768
+  EXPECT_EQ(bwd_consumers_for(16, 6, 384), 3);   // extramsa
+  EXPECT_EQ(bwd_consumers_for(16, 4, 256), 2);   // template
+  EXPECT_EQ(bwd_consumers_for(16, 23, 1152), 3);
+  EXPECT_EQ(bwd_consumers_for(16, 24, 1536), 2);
+  for (int bucket : {16, 32}) {
+    for (int64_t q_tiles : {1, 4, 7, 8, 13, 23, 33}) {
+      for (int64_t lk : {1, 64, 129, 192, 256, 384, 1000}) {
+        const int c = bwd_consumers_for(bucket, q_tiles, lk);
+        EXPECT_TRUE(cuda::variants::hopper_bwd_consumers(bucket, c)) << "bucket " << bucket << " tiles " << q_tiles;
+      }
+    }
+  }
   for (int bucket : {16, 32, 64, 128}) {
     for (int64_t lq : {1, 17, 64, 65, 128, 192, 257, 384, 1000, 5120}) {
       const int c = fwd_consumers_for(bucket, lq);

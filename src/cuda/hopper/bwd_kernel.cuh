@@ -2,10 +2,10 @@
 // and dQ of one (b, n, h) a block, after FlashAttention-3's backward with S and dP computed
 // transposed (keys as rows), so P^T is the register A operand of dV.
 //
-//   block = kConsumers consumer warpgroups (64 keys each) and one producer warp, one block per
-//   SM walking items (b, n, h) (persistent: the rings run on across items, so the next item's
-//   copies start while this one ends); an item's key blocks (64 kConsumers keys) in order,
-//   each over every query tile:
+//   block = kConsumers consumer warpgroups (64 keys each; 3 where their running dQ fits, else 2)
+//   and a producer warpgroup of which one warp works, one block per SM walking items (b, n, h)
+//   (persistent: the rings run on across items, so the next item's copies start while this one
+//   ends); an item's key blocks (64 kConsumers keys) in order, each over every query tile:
 //   producer warp:
 //     per key block: K, V by TMA into one of two stages; the block's key biases (x log2 e)
 //     per query tile: Q, dO and each consumer's tile-bias box by TMA into a kStages ring; the
@@ -53,7 +53,15 @@ struct BwdLayout {
   static constexpr int kConsumers = kConsumerCount;
   static constexpr int kStages = kStageCount;
   static constexpr int kKeys = 64 * kConsumers;  // keys per block
-  static constexpr int kThreads = 128 * kConsumers + 32;
+  // The consumers and a producer warpgroup, one warp of which works. setmaxnreg moves registers
+  // within the block's allocation (65536 / kThreads a thread, in steps of 8): the producer gives
+  // up all but kProducerRegisters (56: as many as leave three consumers their 152, and its warp
+  // needs no spill), the consumers take the rest (224 for two, 152 for three).
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters =
+      ((kLaunchRegisters * kThreads - 128 * kProducerRegisters) / (128 * kConsumers)) / 8 * 8;
   static constexpr int kRowBytes = 2 * kHeadDim;
   static constexpr int kSeqBytes = 64 * kRowBytes;  // a 64-row box
   static constexpr int kKvStageBytes = kConsumers * kSeqBytes;
@@ -73,8 +81,8 @@ struct BwdLayout {
   static constexpr int kFixed = kBarriers + (2 * kStages + 8) * 8;
   static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;  // then [64 q_tiles][kHeadDim] floats
   static_assert(kHeadDim == 16 || kHeadDim == 32, "head-dim buckets 16 and 32");
-  static_assert(kConsumers == kBwdConsumers && kStages == kBwdStages, "bwd_plan.h sizes this layout");
-  static_assert(kFixed == bwd_fixed_smem_bytes(kHeadDim), "bwd_plan.h counts this layout");
+  static_assert(kStages == kBwdStages, "bwd_plan.h sizes this layout");
+  static_assert(kFixed == bwd_fixed_smem_bytes(kHeadDim, kConsumers), "bwd_plan.h counts this layout");
   static_assert(kTile % 1024 == 0 && kDs % 1024 == 0 && kKvStageBytes % 1024 == 0, "swizzle atoms stay aligned");
 };
 
@@ -146,10 +154,10 @@ __device__ __forceinline__ int dq_chunk_swizzle(int g) {
   return kHeadDim == 32 ? (g & 3) : ((g >> 1) & 1);  // 128-byte rows: one a bank line; 64: two
 }
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>::kThreads, 1)
+template <typename Element, int kHeadDim, int kConsumers>
+__global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdPlan plan, const __grid_constant__ BwdParams p) {
-  using L = BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>;
+  using L = BwdLayout<kHeadDim, kConsumers, kBwdStages>;
   constexpr int kHalf = kHeadDim / 2;  // accumulators of a 64 x kHeadDim tile a thread
   constexpr int kC = L::kConsumers, kS = L::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -167,7 +175,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>
   // Warp-uniform as the compiler sees it (ptxas serializes wgmma behind a branch it cannot
   // prove uniform: C7520).
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  const int items = static_cast<int>(p.B * p.N * p.H);  // bwd_usable: below 2^31
+  // Items, bwd_usable: below 2^31 (computed in each role: a value live across setmaxnreg spills).
+  auto item_count = [&] { return static_cast<int>(p.B * p.N * p.H); };
   // An item's coordinates, bnh = h + H (n + N b).
   auto coords = [&](int bnh, int& b, int& n, int& h) {
     h = bnh % static_cast<int>(p.H);
@@ -192,6 +201,9 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>
 
   if (wg == kC) {
     // ---- producer warp ----
+    release_registers<L::kProducerRegisters>();
+    if (warp != 4 * kC) return;
+    const int items = item_count();
     const float* stats = static_cast<const float*>(p.workspace);
     const int64_t rows = p.B * p.N * p.H * p.Lq;
     const uint32_t step_bytes = 2 * L::kSeqBytes + (plan.has_tile ? kC * L::kTileBytes : 0);
@@ -257,6 +269,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>
   }
 
   // ---- consumers ----
+  claim_registers<L::kConsumerRegisters>();
+  const int items = item_count();
   const int c = wg, w = warp % 4, g = lane / 4, t = lane % 4;
   // Descriptors at stage 0 (a stage or a k-step adds its offset in 16-byte units), each a
   // constant offset (start address, leading byte offset) from one of two bases, so they cost
@@ -435,11 +449,12 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>
   }
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
-  using L = BwdLayout<kHeadDim, kBwdConsumers, kBwdStages>;
-  const size_t bytes = bwd_smem_bytes(kHeadDim, plan.q_tiles);
-  auto* kernel = bwd_kernel<Element, kHeadDim>;
+  using L = BwdLayout<kHeadDim, kConsumers, kBwdStages>;
+  if (plan.consumers != kConsumers) return cudaErrorInvalidValue;
+  const size_t bytes = bwd_smem_bytes(kHeadDim, kConsumers, plan.q_tiles);
+  auto* kernel = bwd_kernel<Element, kHeadDim, kConsumers>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {
     return e;
   }

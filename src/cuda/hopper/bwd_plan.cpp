@@ -23,7 +23,8 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   if (sms == 0) return false;
   // A block's step counter (int, its rings' phases) counts every query tile of every key block
   // of its items: it must stay below 2^31 (a concern only on GPUs with few SMs, e.g. MIG slices).
-  if ((items + sms - 1) / sms * bwd_key_blocks(p.Lk) * plan.q_tiles >= (int64_t{1} << 31)) return false;
+  const int consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk);
+  if ((items + sms - 1) / sms * bwd_key_blocks(consumers, p.Lk) * plan.q_tiles >= (int64_t{1} << 31)) return false;
   if (family == Family::kAuto && !bwd_auto_prefers_hopper(bucket, p.Lq, items, sms)) return false;
   if (!tile_takes_tma(p, plan)) return false;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
@@ -32,7 +33,8 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
     return false;
   }
   size_t allowed = 0;
-  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && bwd_smem_bytes(bucket, plan.q_tiles) <= allowed;
+  return smem_per_block_limit(p.device, &allowed) == cudaSuccess &&
+         bwd_smem_bytes(bucket, consumers, plan.q_tiles) <= allowed;
 #endif
 }
 
@@ -53,8 +55,9 @@ cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* o
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;
   }
+  out->consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk);
   out->q_tiles = plan.q_tiles;
-  out->k_blocks = static_cast<int32_t>(bwd_key_blocks(p.Lk));
+  out->k_blocks = static_cast<int32_t>(bwd_key_blocks(out->consumers, p.Lk));
   out->key_slots = plan.key_slots;
   out->key_single_slot = plan.key_single_slot >= 0 && plan.key_single.dtype == p.dtype ? plan.key_single_slot : -1;
   out->pairs_dq = plan.pairs_dq;

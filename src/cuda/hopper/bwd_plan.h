@@ -5,6 +5,7 @@
 #include <cuda.h>  // CUtensorMap (a type only: no driver library is linked)
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "cuda/launch_plan.h"
@@ -12,10 +13,6 @@
 
 namespace evoattn::cuda::hopper {
 
-// Consumer warpgroups of a backward block, 64 keys each. Two, so the running dQ of a whole
-// (b, n, h) fits beside them in shared memory up to Lq = 832 at head-dim bucket 32 and 2112 at
-// 16 (bwd_smem_bytes).
-constexpr int kBwdConsumers = 2;
 // Stages of the query-tile ring (Q, dO, the tile-bias boxes, the rows' statistics).
 constexpr int kBwdStages = 2;
 
@@ -24,8 +21,9 @@ struct BwdPlan {
   // (rows of 2 bucket bytes, swizzled as wide); the tile bias as in FwdPlan, boxes of 64 keys x
   // 64 queries.
   CUtensorMap q, d_o, k, v, tile;
-  int32_t q_tiles;   // ceil(Lq / 64)
-  int32_t k_blocks;  // bwd_key_blocks(Lk)
+  int32_t consumers;  // consumer warpgroups, 64 keys each: bwd_consumers_for
+  int32_t q_tiles;    // ceil(Lq / 64)
+  int32_t k_blocks;   // bwd_key_blocks(consumers, Lk)
   uint32_t key_slots;       // LaunchPlan::key_slots
   int32_t key_single_slot;  // the only key slot where it holds the inputs' dtype, else -1
   bool has_tile;            // one tile bias, copied by TMA
@@ -33,29 +31,43 @@ struct BwdPlan {
   bool pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
 };
 
-// Key blocks of 64 kBwdConsumers keys over Lk.
-constexpr int64_t bwd_key_blocks(int64_t Lk) { return (Lk + 64 * kBwdConsumers - 1) / (64 * kBwdConsumers); }
+// Key blocks of 64 `consumers` keys over Lk.
+constexpr int64_t bwd_key_blocks(int consumers, int64_t Lk) { return (Lk + 64 * consumers - 1) / (64 * consumers); }
 
-// The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 16 or 32,
-// where a 64-row box of Q, dO, K or V takes 128 `bucket` bytes: two stages of K and V (a box
-// each a consumer), kBwdStages of Q, dO (a box each), a tile-bias box a consumer (64 x 64 x 2
-// bytes) and the rows' statistics (12 bytes a row, and a flag); two dS^T buffers (64 x 128 bytes
-// a consumer); two stages of key biases; the mbarriers (the query ring's, K and V's, the dS^T
-// buffers'); the running dQ, float32 [64 q_tiles][bucket]; 1 KB to align the base to 1024 bytes.
-constexpr size_t bwd_fixed_smem_bytes(int bucket) {
-  constexpr size_t c = kBwdConsumers, s = kBwdStages;
-  const size_t box = size_t{128} * bucket;
+// The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 16 or 32
+// and `consumers` consumer warpgroups, where a 64-row box of Q, dO, K or V takes 128 `bucket`
+// bytes: two stages of K and V (a box each a consumer), kBwdStages of Q, dO (a box each), a
+// tile-bias box a consumer (64 x 64 x 2 bytes) and the rows' statistics (12 bytes a row, and a
+// flag); two dS^T buffers (64 x 128 bytes a consumer); two stages of key biases; the mbarriers
+// (the query ring's, K and V's, the dS^T buffers'); the running dQ, float32 [64 q_tiles][bucket];
+// 1 KB to align the base to 1024 bytes.
+constexpr size_t bwd_fixed_smem_bytes(int bucket, int consumers) {
+  constexpr size_t s = kBwdStages;
+  const size_t c = static_cast<size_t>(consumers), box = size_t{128} * bucket;
   return 2 * 2 * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + (2 * s + 8) * 8;
 }
-constexpr size_t bwd_smem_bytes(int bucket, int64_t q_tiles) {
-  return (bwd_fixed_smem_bytes(bucket) + 1023) / 1024 * 1024 + static_cast<size_t>(q_tiles) * 64 * bucket * 4 + 1024;
+constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles) {
+  return (bwd_fixed_smem_bytes(bucket, consumers) + 1023) / 1024 * 1024 +
+         static_cast<size_t>(q_tiles) * 64 * bucket * 4 + 1024;
+}
+
+// Consumer warpgroups (docs/perf/log.md v39): three (more warps to hide the elementwise step's
+// latencies; 152 registers a consumer thread) where their running dQ fits the 227 KB an sm_90
+// block may take (Lq up to 448 at head-dim bucket 32, 1472 at 16) and their 192-key blocks pad
+// Lk no further than 128-key ones (at Lk = 256 the second block's 64 keys left two consumers
+// idle: 8% slower than two); else two (224 registers; Lq up to 832 and 2112).
+constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk) {
+  const bool fits = bwd_smem_bytes(bucket, 3, q_tiles) <= size_t{227} * 1024;
+  return fits && bwd_key_blocks(3, Lk) * 192 <= bwd_key_blocks(2, Lk) * 128 ? 3 : 2;
 }
 
 // The automatic choice between the backwards on a 9.x GPU (docs/perf/log.md v39): the Hopper
-// one where it measured faster, at head dims 17-32 with Lq >= 256 (every bucket-32 suite shape
-// but apb768) and (b, n, h) enough to give every SM several (apb768's 16 ran slower).
+// one where it measured faster, with (b, n, h) enough to give every SM several (apb768's 16 ran
+// slower): at head dims 17-32 from Lq = 256 (every other bucket-32 suite shape), at 8-16 from
+// Lq = 384 (extramsa 10% faster; template, Lq = 256, as fast as the portable one).
 constexpr bool bwd_auto_prefers_hopper(int head_dim_bucket, int64_t Lq, int64_t items, int sms) {
-  return head_dim_bucket == 32 && Lq >= 256 && items >= int64_t{4} * sms;
+  const int64_t min_lq = head_dim_bucket == 32 ? 256 : head_dim_bucket == 16 ? 384 : INT64_MAX;
+  return Lq >= min_lq && items >= int64_t{4} * sms;
 }
 
 // Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library

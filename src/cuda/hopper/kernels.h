@@ -17,8 +17,9 @@ namespace evoattn::cuda::hopper {
 template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream);
 
-// float16 / bfloat16, head-dim bucket 32: dK, dV and dQ after the row statistics (bwd_kernel.cuh).
-template <typename Element, int kHeadDim>
+// float16 / bfloat16, head-dim buckets 16 and 32, kConsumers consumer warpgroups
+// (BwdPlan::consumers): dK, dV and dQ after the row statistics (bwd_kernel.cuh).
+template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream);
 
 }  // namespace evoattn::cuda::hopper

@@ -2,5 +2,5 @@
 #include "cuda/hopper/bwd_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t hopper::run_bwd<__half, 32>(const BwdParams&, const hopper::BwdPlan&, cudaStream_t);
+template cudaError_t hopper::run_bwd<__half, 32, 2>(const BwdParams&, const hopper::BwdPlan&, cudaStream_t);
 }  // namespace evoattn::cuda
