@@ -4,7 +4,9 @@
 # suite, and the Python package (the wheel of scripts/build_wheel.sh installed into a clean
 # folder, pytest with torch and jax on the GPU and nvcc off the PATH; the host-overhead bench).
 # Results go to $OUT (the device tool's folder) or ./gpu-results.
-#   usage: scripts/gpu_check.sh [all|build|test|sanitize|bench|python|overhead]...  (default: all)
+#   usage: scripts/gpu_check.sh [all|build|test|hopper|sanitize|bench|python|overhead]...
+#   (default: all; `hopper`, not in all: the Hopper family's cases alone, sharded, in a few
+#   minutes where `test` takes the whole suite's six or seven)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT"
@@ -15,7 +17,7 @@ status=0
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
 
-if want build || want test || want sanitize || want bench; then
+if want build || want test || want hopper || want sanitize || want bench; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVOATTN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
@@ -27,6 +29,28 @@ if want test; then
   # EVOATTN_KERNEL_FAMILY=hopper ("hopper." tests); their float64 references keep the cores busy.
   (cd "$BUILD" && ctest -j8 --output-on-failure --timeout 600) > "$OUT/ctest.log" 2>&1 || status=1
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Exception" "$OUT/ctest.log" | head -40
+fi
+
+if [[ " $steps " == *" hopper "* ]]; then
+  # The family tests, then every 16-bit CUDA forward, backward, determinism, mask and layout
+  # case under EVOATTN_KERNEL_FAMILY=hopper, in shards on all cores (their float64 references
+  # are the cost).
+  tests="$BUILD/tests/cpp/evoattn_tests"
+  "$tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/hopper_family.log" 2>&1 || status=1
+  echo "family tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/hopper_family.log" | tr '\n' ' ')"
+  filter='*Determinism*cuda*'
+  for suite in Forward Backward BiasesAndMasks Layouts; do filter+=":*$suite*cuda_bf16*:*$suite*cuda_fp16*"; done
+  shards=$(nproc)
+  for i in $(seq 0 $((shards - 1))); do
+    EVOATTN_KERNEL_FAMILY=hopper GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+      "$tests" --gtest_filter="$filter" > "$OUT/hopper_shard_$i.log" 2>&1 &
+  done
+  wait
+  cat "$OUT"/hopper_shard_*.log > "$OUT/hopper_tests.log" && rm -f "$OUT"/hopper_shard_*.log
+  passed=$(grep -cE '^\[       OK \]' "$OUT/hopper_tests.log")
+  failed=$(grep -E '^\[  FAILED  \] .*\(' "$OUT/hopper_tests.log" | sort -u)
+  echo "hopper-family cases: $passed passed${failed:+; failed:}"
+  [ -z "$failed" ] || { echo "$failed"; status=1; }
 fi
 
 if want sanitize; then
