@@ -68,7 +68,7 @@ struct BwdLayout {
   static constexpr int kTileBytes = 64 * 64 * 2;  // a tile-bias box
   static constexpr int kDsBytes = kKeys * 128;    // one dS^T buffer
   static constexpr int kStatsBytes = 64 * 12 + 16;  // (row max, row log-sum) pairs, Delta, a flag
-  static constexpr int kRecomputedFlag = 192;      // (in floats) nonzero if a row log-sum is
+  static constexpr int kRecomputedFlag = 192;      // its offset in floats: a row log-sum is nonzero
   static constexpr int kK = 0;
   static constexpr int kV = kK + 2 * kKvStageBytes;
   static constexpr int kQ = kV + 2 * kKvStageBytes;
@@ -86,7 +86,7 @@ struct BwdLayout {
   static_assert(kTile % 1024 == 0 && kDs % 1024 == 0 && kKvStageBytes % 1024 == 0, "swizzle atoms stay aligned");
 };
 
-// A thread's kCols / 2 accumulators of a 64 x kCols C-layout tile (rows row0 and row0 + 8,
+// A thread's kHalf accumulators of a 64 x 2 kHalf C-layout tile (rows row0 and row0 + 8,
 // columns 8j + 2t, + 1) times `mul` into rows of `base`; rows at or past `rows` and columns at or
 // past D are not stored.
 template <typename Element, int kHalf>

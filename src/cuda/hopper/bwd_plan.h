@@ -74,9 +74,8 @@ constexpr bool bwd_auto_prefers_hopper(int head_dim_bucket, int64_t Lq, int64_t 
 // was built with the Hopper family, the device has compute capability 9.x, the family asked for
 // (requested_family) is hopper or auto where bwd_auto_prefers_hopper, head-dim bucket 16 or 32
 // with D >= kExactDeltaHeadDim (below it Delta must be summed from the portable kernels' very P
-// and dP, backend.h), Q, dO,
-// K, V and the tile bias (if any: at most one, the fast tile) laid out as TMA takes them, and
-// the running dQ of Lq rows fits shared memory. The bias gradients still run the portable
+// and dP, backend.h), Q, dO, K, V and the tile bias (if any: at most one, the fast tile) laid
+// out as TMA takes them, and the running dQ of Lq rows fits shared memory. The bias gradients still run the portable
 // kernels after it.
 bool bwd_usable(const BwdParams& p, const LaunchPlan& plan);
 
