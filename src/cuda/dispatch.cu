@@ -272,7 +272,13 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
       w.dq_busy_offset = place(static_cast<size_t>(plan.dq_slots) * sizeof(int));
     }
     for (int slot = 0; slot < kNumGradSlots; ++slot) {
-      const size_t bytes = p.dbias[slot].requested ? cuda::rows_task_partial_bytes(p, plan, slot) : 0;
+      // The portable chunks' partials, or the Hopper pair-bias kernel's pieces where the shape
+      // lets it run (the size query cannot know the GPU): whichever is larger.
+      const size_t bytes =
+          p.dbias[slot].requested
+              ? std::max(cuda::rows_task_partial_bytes(p, plan, slot),
+                         cuda::hopper::pair_bias_partial_bytes(p, plan, cuda::make_rows_task(p, plan, slot, nullptr)))
+              : 0;
       if (bytes != 0) w.partial_offset[slot] = place(bytes);
     }
   }
@@ -283,11 +289,9 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
 // The Hopper family's dK/dV/dQ kernel (hopper/bwd_kernel.cuh), where hopper::bwd_usable took the
 // call.
 template <typename Element, int kHeadDim>
-cudaError_t bwd_hopper(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+cudaError_t bwd_hopper(const BwdParams& p, const cuda::hopper::BwdPlan& hopper_plan, cudaStream_t stream) {
 #if defined(EVOATTN_WITH_HOPPER)
   if constexpr (cuda::variants::hopper_bwd(kHeadDim)) {
-    cuda::hopper::BwdPlan hopper_plan;
-    if (cudaError_t e = cuda::hopper::make_bwd_plan(p, plan, &hopper_plan)) return e;
     if constexpr (cuda::variants::hopper_bwd_consumers(kHeadDim, 3)) {
       if (hopper_plan.consumers == 3) return cuda::hopper::run_bwd<Element, kHeadDim, 3>(p, hopper_plan, stream);
     }
@@ -295,7 +299,38 @@ cudaError_t bwd_hopper(const BwdParams& p, const LaunchPlan& plan, cudaStream_t 
   }
 #endif
   (void)p;
+  (void)hopper_plan;
+  (void)stream;
+  return cudaErrorNotSupported;
+}
+
+// Whether the Hopper family's pair-bias gradient (hopper/bwd_pair_bias_kernel.cuh) takes this
+// gradient task.
+template <int kHeadDim>
+bool pair_bias_hopper(const BwdParams& p, const LaunchPlan& plan, const cuda::RowsTask& task) {
+#if defined(EVOATTN_WITH_HOPPER)
+  if constexpr (cuda::variants::hopper_pair_bias(kHeadDim)) return cuda::hopper::pair_bias_usable(p, plan, task);
+#endif
+  (void)p;
   (void)plan;
+  (void)task;
+  return false;
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t bwd_hopper_pair_bias(const BwdParams& p, const LaunchPlan& plan, const cuda::hopper::BwdPlan& hopper_plan,
+                                 const cuda::RowsTask& task, float* partials, cudaStream_t stream) {
+#if defined(EVOATTN_WITH_HOPPER)
+  if constexpr (cuda::variants::hopper_pair_bias(kHeadDim)) {
+    const cuda::hopper::PairBiasTask pair_task = cuda::hopper::make_pair_bias_task(p, plan, task, partials);
+    return cuda::hopper::run_bwd_pair_bias<Element, kHeadDim>(p, hopper_plan, pair_task, stream);
+  }
+#endif
+  (void)p;
+  (void)plan;
+  (void)hopper_plan;
+  (void)task;
+  (void)partials;
   (void)stream;
   return cudaErrorNotSupported;
 }
@@ -303,12 +338,30 @@ cudaError_t bwd_hopper(const BwdParams& p, const LaunchPlan& plan, cudaStream_t 
 // After run_row_stats, which zeroed the running-dQ slots' flags (bwd_mma): the kernels follow
 // each other with no other stream operation between them (kernel_launch.h).
 // `hopper`: hopper::bwd_usable took the call; its kernel computes dQ, dK and dV, and the
-// portable kernels after it only the bias gradients.
+// kernels after it only the bias gradients: the pair bias's by the Hopper kernel where
+// hopper::pair_bias_usable takes it, the others by the portable kernels.
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout, bool hopper,
                          cudaStream_t stream) {
+  // The bias-gradient tasks, which kernel takes each, and the Hopper kernels' plan (their tensor
+  // maps), made once where either Hopper kernel runs.
+  cuda::RowsTask tasks[kNumGradSlots];
+  bool pair_hopper[kNumGradSlots] = {};
+  for (int slot = 0; slot < kNumGradSlots; ++slot) {
+    if (!p.dbias[slot].requested) continue;
+    // No partials part (offset 0): the gradient is not chunked.
+    float* partials = layout.partial_offset[slot] == 0 ? nullptr
+                                                       : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
+                                                                                  layout.partial_offset[slot]);
+    tasks[slot] = cuda::make_rows_task(p, plan, slot, partials);
+    pair_hopper[slot] = pair_bias_hopper<kHeadDim>(p, plan, tasks[slot]);
+  }
+  cuda::hopper::BwdPlan hopper_plan{};
+  if (hopper || pair_hopper[0] || pair_hopper[1]) {
+    if (cudaError_t e = cuda::hopper::make_bwd_plan(p, plan, &hopper_plan)) return e;
+  }
   auto run_dkdv = [&] {
-    if (hopper) return bwd_hopper<Element, kHeadDim>(p, plan, stream);
+    if (hopper) return bwd_hopper<Element, kHeadDim>(p, hopper_plan, stream);
     if constexpr (kFast && cuda::variants::dkdv_no_tile(kHeadDim)) {
       if (cuda::dkdv_no_tile(p, kHeadDim)) {
         return cuda::run_bwd_dkdv<Element, kHeadDim, true, true>(p, plan, stream);
@@ -327,12 +380,16 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
   if (cudaError_t e = run_dkdv()) return e;
   for (int slot = plan.fuse_dq || hopper ? 0 : -1; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !p.dbias[slot].requested) continue;
-    // No partials part (offset 0): the gradient is not chunked.
-    float* partials = slot < 0 || layout.partial_offset[slot] == 0
-                          ? nullptr
-                          : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
-                                                     layout.partial_offset[slot]);
-    const cuda::RowsTask task = cuda::make_rows_task(p, plan, slot, partials);
+    const cuda::RowsTask task = slot < 0 ? cuda::make_rows_task(p, plan, slot, nullptr) : tasks[slot];
+    if (slot >= 0 && pair_hopper[slot]) {
+      if (cudaError_t e = bwd_hopper_pair_bias<Element, kHeadDim>(p, plan, hopper_plan, task,
+                                                                  reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
+                                                                                           layout.partial_offset[slot]),
+                                                                  stream)) {
+        return e;
+      }
+      continue;
+    }
     if constexpr (kFast && cuda::variants::pair_bias_key_pairs(kHeadDim)) {
       if (plan.tile_fast_slot >= 0 && cuda::pair_bias_key_pairs(p, plan, task)) {
         if (cudaError_t e = cuda::run_bwd_pair_bias<Element, kHeadDim>(p, plan, task, stream)) return e;

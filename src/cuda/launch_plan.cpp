@@ -210,16 +210,9 @@ RowsTask base_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
   return task;
 }
 
-// The partials of chunked bias gradients share what the contract's workspace bound leaves after the
-// row statistics and the running dQ (less one alignment per part). A shape-only rule, so chunk
-// counts (and the summation order) are the same on every GPU.
+// The chunk count the partials' allowance leaves room for.
 int64_t chunk_budget(const BwdParams& p, const RowsTask& t) {
-  int64_t requested = 0;  // both bias gradients share the allowance
-  for (const BiasGradParams& g : p.dbias) requested += g.requested;
-  const int64_t allowance = workspace_bound_floats(p) - row_stats_floats(p) - running_dq_floats(p) -
-                            requested * kAlignFloats;
-  const int64_t per_chunk = t.blocks * kTile * kTile;
-  return std::max<int64_t>(allowance, 0) / (per_chunk * std::max<int64_t>(requested, 1));
+  return bias_grad_partial_floats(p) / (t.blocks * kTile * kTile);
 }
 
 // The chunk count with the fewest "waves x iterations per block" on the reference GPU (an
@@ -247,6 +240,17 @@ int64_t chunk_count(const BwdParams& p, const LaunchPlan& plan, const RowsTask& 
 }
 
 }  // namespace
+
+// The partials of chunked bias gradients share what the contract's workspace bound leaves after
+// the row statistics and the running dQ (less one alignment per part). A shape-only rule, so chunk
+// counts (and the summation order) are the same on every GPU.
+int64_t bias_grad_partial_floats(const BwdParams& p) {
+  int64_t requested = 0;  // both bias gradients share the allowance
+  for (const BiasGradParams& g : p.dbias) requested += g.requested;
+  const int64_t allowance = workspace_bound_floats(p) - row_stats_floats(p) - running_dq_floats(p) -
+                            requested * kAlignFloats;
+  return std::max<int64_t>(allowance, 0) / std::max<int64_t>(requested, 1);
+}
 
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,
                         float* workspace_partials) {

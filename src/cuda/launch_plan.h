@@ -353,6 +353,9 @@ inline bool pair_bias_key_pairs(const FwdParams& p, const LaunchPlan& plan, cons
          rows_task_over_n(t, plan);
 }
 
+// Floats of workspace each requested bias gradient's partials may take within the contract's bound.
+int64_t bias_grad_partial_floats(const BwdParams& p);
+
 // `workspace_partials`: where this slot's partials may go (nullptr: size query / no chunking).
 RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slot,
                         float* workspace_partials);

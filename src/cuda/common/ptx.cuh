@@ -78,6 +78,14 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool va
                : "memory");
 }
 
+// An arrival on an mbarrier once this thread's cp.async copies so far have landed (.noinc: it is
+// one of the arrivals the barrier was initialised to expect).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+
 // Named barriers (ids 1..15; 0 is __syncthreads'): `threads` of the block, a multiple of 32, take
 // part. arrive counts the calling warp in without waiting.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

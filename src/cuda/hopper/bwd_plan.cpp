@@ -67,3 +67,92 @@ cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* o
 }
 
 }  // namespace evoattn::cuda::hopper
+
+namespace evoattn::cuda::hopper {
+namespace {
+
+// The most workers whose pieces (two 128 x 128 float32 tiles each) fit the workspace's
+// allowance for this gradient, up to kPairBiasMaxWorkers.
+int64_t pair_bias_max_workers(const BwdParams& p) {
+  const int64_t fit = bias_grad_partial_floats(p) / (2 * kPairBiasTile * kPairBiasTile);
+  return fit < kPairBiasMaxWorkers ? fit : kPairBiasMaxWorkers;
+}
+
+// The split by shape, with `sms` blocks at most (0: by the most workers, as the workspace counts).
+PairBiasSplit pair_bias_split(const BwdParams& p, int sms) {
+  PairBiasSplit s{};
+  s.q_blocks = static_cast<int32_t>((p.Lq + kPairBiasTile - 1) / kPairBiasTile);
+  s.k_blocks = static_cast<int32_t>((p.Lk + kPairBiasTile - 1) / kPairBiasTile);
+  s.n = static_cast<int32_t>(p.N);
+  const int64_t units = p.B * p.H * s.q_blocks * s.k_blocks * p.N;  // pair_bias_partial_bytes: fits
+  s.units = static_cast<int32_t>(units);
+  int64_t most = pair_bias_max_workers(p);
+  if (sms > 0 && sms < most) most = sms;
+  s.workers = static_cast<int32_t>(units < most ? units : most);
+  return s;
+}
+
+}  // namespace
+
+size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task) {
+#if !defined(EVOATTN_WITH_HOPPER)
+  (void)p;
+  (void)plan;
+  (void)task;
+  return 0;
+#else
+  // Only under EVOATTN_KERNEL_FAMILY=hopper: the automatic choice keeps the portable kernels
+  // (docs/perf/log.md v40: this kernel measured slower on most suite shapes), and their workspace.
+  if (requested_family() != Family::kHopper) return 0;
+  if (p.dtype == DType::kF32 || exact_delta(p) || p.N < 2 || !rows_task_over_n(task, plan) || !one_fast_layout_tile(p) ||
+      p.bias[task.grad_slot].stride.q == 0) {
+    return 0;
+  }
+  const int bucket = head_dim_bucket(p.D);
+  if (bucket != 16 && bucket != 32) return 0;
+  // 32-bit arithmetic in the kernel: units x workers (PairBiasSplit), the statistics' rows.
+  const int64_t units = p.B * p.H * ((p.Lq + kPairBiasTile - 1) / kPairBiasTile) *
+                        ((p.Lk + kPairBiasTile - 1) / kPairBiasTile) * p.N;
+  if (units * kPairBiasMaxWorkers >= (int64_t{1} << 31) || p.B * p.N * p.H * p.Lq >= (int64_t{1} << 31)) return 0;
+  // Half the workers of an H100 at least, or the portable kernels (where the running dQ and the
+  // other gradient leave too little room).
+  if (pair_bias_max_workers(p) < kPairBiasMaxWorkers / 2) return 0;
+  const PairBiasSplit s = pair_bias_split(p, 0);
+  return static_cast<size_t>(2 * s.workers) * kPairBiasTile * kPairBiasTile * sizeof(float);
+#endif
+}
+
+bool pair_bias_usable(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task) {
+#if !defined(EVOATTN_WITH_HOPPER)
+  (void)p;
+  (void)plan;
+  (void)task;
+  return false;
+#else
+  if (plan.delta_in_dkdv || pair_bias_partial_bytes(p, plan, task) == 0) {
+    return false;
+  }
+  if (plan.tile_fast_slot != task.grad_slot || hopper_sms(p.device) == 0 || !tile_takes_tma(p, plan)) return false;
+  // At most one key slot, in the inputs' dtype (the kernel reads it as Elements).
+  if (plan.key_slots != 0 && (plan.key_single_slot < 0 || plan.key_single.dtype != p.dtype)) return false;
+  if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
+      !tma_legal(seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o) ||
+      !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) || !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
+    return false;
+  }
+  size_t allowed = 0;
+  return smem_per_block_limit(p.device, &allowed) == cudaSuccess &&
+         pair_bias_smem_bytes(head_dim_bucket(p.D)) <= allowed;
+#endif
+}
+
+PairBiasTask make_pair_bias_task(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task, float* partials) {
+  (void)plan;
+  PairBiasTask t{};
+  t.split = pair_bias_split(p, hopper_sms(p.device));
+  t.grad_slot = task.grad_slot;
+  t.partials = partials;
+  return t;
+}
+
+}  // namespace evoattn::cuda::hopper

@@ -82,4 +82,59 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan);
 // The plan of such a call (its tensor maps encoded here).
 cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out);
 
+// The pair bias's gradient (bwd_pair_bias_kernel.cuh), summed over n: tiles of 128 queries x
+// 128 keys of each (b, h) (keys fastest), units (tile, n) in tile-major order, split into
+// `workers` contiguous ranges, one a block (stream-K: every SM has the same work whatever the
+// tile count). A tile whose units two or more workers share is summed from their pieces.
+constexpr int kPairBiasTile = 128;
+// Workers at most (fewer where the workspace's allowance holds fewer): the workspace holds two
+// pieces (a worker's first and last) for each.
+constexpr int kPairBiasMaxWorkers = 132;
+
+// Stages of its ring, one n a stage (Q, dO, K, V, the rows' statistics, the keys' biases).
+constexpr int kPairBiasStages = 4;
+// Its block's dynamic shared memory (PairBiasLayout): two buffers of a tile's four pair-bias boxes
+// (64 x 64 x 2 bytes); per stage two 64-row boxes each of Q, dO, K and V (rows of 2 `bucket`
+// bytes), the statistics of 128 rows (12 bytes each) and a flag, 128 key biases; the mbarriers;
+// 1 KB to align the base.
+constexpr size_t pair_bias_smem_bytes(int bucket) {
+  const size_t box = size_t{128} * bucket;
+  return 2 * 4 * 8192 + kPairBiasStages * (8 * box + 128 * 12 + 16 + 128 * 4) + (2 * kPairBiasStages + 4) * 8 + 1024;
+}
+
+struct PairBiasSplit {
+  int32_t units;     // tiles x N; units x kPairBiasMaxWorkers below 2^31 (32-bit arithmetic below)
+  int32_t n;         // N, the units of a tile
+  int32_t workers;   // min(SMs, kPairBiasMaxWorkers, units)
+  int32_t q_blocks;  // ceil(Lq / 128)
+  int32_t k_blocks;  // ceil(Lk / 128)
+  // Worker g's first unit (g = workers: the end of the last range).
+  EVOATTN_HOST_DEVICE int begin(int g) const { return units * g / workers; }
+  // The worker whose range holds unit u: the last g with begin(g) <= u.
+  EVOATTN_HOST_DEVICE int worker_of(int u) const { return ((u + 1) * workers + units - 1) / units - 1; }
+  // The workspace slot of worker g's piece of tile t: its first piece (2g) or its last (2g + 1).
+  EVOATTN_HOST_DEVICE int piece_slot(int g, int t) const { return 2 * g + (begin(g) / n == t ? 0 : 1); }
+};
+
+struct PairBiasTask {
+  PairBiasSplit split;
+  int32_t grad_slot;  // the pair bias's slot (LaunchPlan::tile_fast_slot)
+  float* partials;    // [2 kPairBiasMaxWorkers][128][128] float32 pieces
+};
+
+// Bytes of workspace pieces the pair-bias kernel may need for this gradient task: nonzero under
+// EVOATTN_KERNEL_FAMILY=hopper (auto keeps the portable kernels: they measured faster) where the
+// shape lets it run (16-bit inputs, head-dim bucket 16 or 32 with Delta from O, the gradient of
+// the one tile bias, shared over n and summed over n alone, N >= 2) and the pieces of 66 workers
+// at least fit the contract's workspace bound. By shape and family, as the workspace size query
+// needs: the call may still take the portable kernels (pair_bias_usable).
+size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task);
+
+// Whether the Hopper pair-bias kernel takes this task: pair_bias_partial_bytes's family and
+// shape, a 9.x GPU, Q, dO, K, V and the tile bias laid out as TMA takes them, at most one key
+// bias, in the inputs' dtype.
+bool pair_bias_usable(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task);
+
+PairBiasTask make_pair_bias_task(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task, float* partials);
+
 }  // namespace evoattn::cuda::hopper

@@ -22,4 +22,9 @@ cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream
 template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream);
 
+// float16 / bfloat16, head-dim buckets 16 and 32: the pair bias's gradient summed over n, where
+// pair_bias_usable takes it (bwd_pair_bias_kernel.cuh).
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_pair_bias(const BwdParams& p, const BwdPlan& plan, const PairBiasTask& task, cudaStream_t stream);
+
 }  // namespace evoattn::cuda::hopper

@@ -1,0 +1,407 @@
+// Backward, the pair bias's gradient on Hopper (sm_90a), head-dim buckets 16 and 32:
+// d(pair_bias)[b, h, i, j] = sum over n of dS[b, n, h, i, j], dS = P (dP - Delta), with S and dP
+// recomputed for every n (the dK/dV/dQ kernel's dS is per n and the sum needs them all).
+//
+//   work   tiles of 128 queries x 128 keys of each (b, h); units (tile, n), tile-major, split
+//          into one contiguous range a block (stream-K, PairBiasSplit): a tile inside one range
+//          is written by its block, a tile two ranges share goes to the workspace as pieces and
+//          pair_bias_reduce_kernel sums them in worker order. Deterministic, no atomics.
+//   block  two consumer warpgroups (64 queries each) and a producer warpgroup, two warps of
+//          which work (setmaxnreg gives the rest of its registers to the consumers)
+//   producer warps:
+//     per tile: its four pair-bias boxes by TMA into one of two buffers, once for every n
+//     per unit: Q, dO, K, V of (b, n, h) (two 64-row boxes each) by TMA and the rows'
+//     statistics (the row-statistics kernel's) by cp.async into a kStages ring; from a second
+//     warp the keys' biases (x log2 e; -inf past Lk)
+//   consumers, per unit in two halves of 64 keys, each half's matmuls issued as soon as the
+//   previous unit's same half has freed its registers (the first half's then run under the
+//   second half's exponentials):
+//     mainloop  S = Q K^T, dP = dO V^T                     (wgmma, K-major from shared memory)
+//     softmax   P = 2^((x - row max) - row log-sum), x = score_log2 as every kernel (the log-sum
+//               only in warps with a recomputed row); acc += P (dP - Delta)
+//   epilogue  per tile: the sums to the gradient, or to the worker's piece
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/element.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/hopper/bias.cuh"
+#include "cuda/hopper/bwd_plan.h"
+#include "cuda/hopper/wgmma.cuh"
+#include "cuda/kernel_launch.h"
+#include "params.h"
+
+namespace evoattn::cuda::hopper {
+
+// The block's shared memory, in bytes from a 1024-byte aligned base (pair_bias_smem_bytes counts
+// it). Pair-bias boxes [64 queries][64 keys] in 128-byte swizzled rows, box (query half, key
+// half) at 8192 (2 qh + kh); per stage Q, dO, K, V as two 64-row boxes each, rows swizzled as
+// wide as they are (kRowBytes) as TMA writes them.
+template <int kHeadDimBucket>
+struct PairBiasLayout {
+  static constexpr int kHeadDim = kHeadDimBucket;
+  static constexpr int kConsumers = 2;
+  static constexpr int kStages = kPairBiasStages;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  // As BwdLayout: the producer keeps 56 registers, the consumers take the rest (224).
+  static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters =
+      ((kLaunchRegisters * kThreads - 128 * kProducerRegisters) / (128 * kConsumers)) / 8 * 8;
+  static constexpr int kRowBytes = 2 * kHeadDim;
+  static constexpr int kBoxBytes = 64 * kRowBytes;  // a 64-row box of Q, dO, K or V
+  // A stage's boxes: Q (query halves 0, 1), dO, K (key halves 0, 1), V.
+  static constexpr int kQ = 0, kDO = 2 * kBoxBytes, kK = 4 * kBoxBytes, kV = 6 * kBoxBytes;
+  static constexpr int kStageBytes = 8 * kBoxBytes;
+  // The 128 rows' Delta, row max, row log-sum, as the workspace holds them (float offsets 0, 128,
+  // 256), and 16 bytes unused.
+  static constexpr int kStatsBytes = 128 * 12 + 16;
+  static constexpr int kBias = 0;
+  static constexpr int kBiasBytes = 4 * 8192;  // a tile's four boxes; two buffers
+  static constexpr int kSeq = kBias + 2 * kBiasBytes;
+  static constexpr int kStats = kSeq + kStages * kStageBytes;
+  static constexpr int kKeyBias = kStats + kStages * kStatsBytes;
+  static constexpr int kBarriers = kKeyBias + kStages * 128 * 4;
+  static constexpr int kEnd = kBarriers + (2 * kStages + 4) * 8;
+  static_assert(kHeadDim == 16 || kHeadDim == 32, "head-dim buckets 16 and 32");
+  static_assert(kEnd + 1024 == pair_bias_smem_bytes(kHeadDim), "bwd_plan.h counts this layout");
+  static_assert(kSeq % 1024 == 0 && kStageBytes % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms stay aligned");
+};
+
+// acc += P (dP - Delta) of one thread's 32 scores of a 64-key half (queries g, g + 8 of its warp's
+// rows; keys 8j + 2t, + 1), P = 2^((x - row max) - row log-sum); without a recomputed row in the
+// unit every row log-sum is 0 and x - row max alone is the same value. bias_row: the thread's
+// ldmatrix row of the half's pair-bias box (m = lane / 8 its matrix), whose 16 keys 16jj.. are
+// read as they are used (register x4 m: row g + 8 (m & 1), keys 16jj + 8 (m >> 1) + 2t, + 1); key:
+// the half's key biases x log2 e; row_max, log_sum, delta: the thread's two rows'.
+template <typename Element, bool kRecomputed>
+__device__ __forceinline__ void pair_bias_sums(float (&acc)[32], const float (&s)[32], const float (&dp)[32],
+                                               uint32_t bias_row, int m, int lane, const float* key,
+                                               const float (&row_max)[2], const float (&log_sum)[2],
+                                               const float (&delta)[2], float scale_log2, int t) {
+  for (int jj = 0; jj < 4; ++jj) {
+    uint32_t bias[4];
+    ldmatrix_x4(bias, bias_row + (((2 * jj + (m >> 1)) ^ (lane % 8)) * 16));
+    for (int j = 2 * jj; j < 2 * jj + 2; ++j) {
+      const float2 kb = *reinterpret_cast<const float2*>(key + 8 * j + 2 * t);
+      for (int r = 0; r < 2; ++r) {
+        const int i = 4 * j + 2 * r;
+        const float2 tb = unpack2<Element>(bias[(j & 1) * 2 + r]);
+        float x0 = score_log2(s[i], scale_log2, kb.x, tb.x) - row_max[r];
+        float x1 = score_log2(s[i + 1], scale_log2, kb.y, tb.y) - row_max[r];
+        if constexpr (kRecomputed) {
+          x0 -= log_sum[r];
+          x1 -= log_sum[r];
+        }
+        acc[i] = fmaf(exp2_approx(x0), dp[i] - delta[r], acc[i]);
+        acc[i + 1] = fmaf(exp2_approx(x1), dp[i + 1] - delta[r], acc[i + 1]);
+      }
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
+    bwd_pair_bias_kernel(const __grid_constant__ BwdPlan plan, const __grid_constant__ BwdParams p,
+                         const __grid_constant__ PairBiasTask task) {
+  using L = PairBiasLayout<kHeadDim>;
+  constexpr int kS = L::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
+  uint64_t* empty = full + kS;
+  uint64_t* bias_full = empty + kS;     // [2] a tile's pair-bias boxes landed in that buffer
+  uint64_t* bias_empty = bias_full + 2;  // [2] every consumer thread is done with them
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Warp-uniform as the compiler sees it (ptxas serializes wgmma behind a branch it cannot prove
+  // uniform: C7520).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const PairBiasSplit& split = task.split;
+  // This block's units, [u0, u1).
+  const int u0 = split.begin(blockIdx.x), u1 = split.begin(blockIdx.x + 1);
+  // A tile's coordinates, t = k block + k_blocks (q block + q_blocks (h + H b)).
+  auto coords = [&](int t, int& b, int& h, int& qb, int& kb) {
+    kb = t % split.k_blocks;
+    qb = (t / split.k_blocks) % split.q_blocks;
+    h = (t / (split.k_blocks * split.q_blocks)) % static_cast<int>(p.H);
+    b = t / (split.k_blocks * split.q_blocks * static_cast<int>(p.H));
+  };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kS; ++s) {
+      mbarrier_init(&full[s], 1 + 64);  // the TMA lane's expect_tx and both producer warps' lanes
+      mbarrier_init(&empty[s], L::kConsumers * 128);
+    }
+    for (int i = 0; i < 2; ++i) {
+      mbarrier_init(&bias_full[i], 1);
+      mbarrier_init(&bias_empty[i], L::kConsumers * 128);
+    }
+  }
+  __syncthreads();
+  // Reads only what the kernels before the dK/dV pass wrote (the row statistics) and writes only
+  // its gradient and pieces: runs beside that pass's last blocks (WaitForPreviousGridAtExit).
+  launch_dependents();
+  const WaitForPreviousGridAtExit wait_at_exit;
+
+  if (wg == L::kConsumers) {
+    // ---- producer warps: the first issues the copies, the second writes the key biases ----
+    release_registers<L::kProducerRegisters>();
+    if (warp > 4 * L::kConsumers + 1) return;
+    const bool copies = warp == 4 * L::kConsumers;
+    const float* stats = static_cast<const float*>(p.workspace);
+    // 32-bit row offsets: below 2^31 (pair_bias_partial_bytes).
+    const int rows = static_cast<int>(p.B * p.N * p.H * p.Lq), lq = static_cast<int>(p.Lq);
+    if (copies) {
+      // Per tile its bias boxes, per unit Q, dO, K, V by TMA and the statistics by cp.async, all
+      // counted on the stage's barrier: nothing here waits for memory (a warp that loaded the
+      // statistics itself spent a latency a unit, longer than the consumers' work).
+      int it = 0, tiles = 0;
+      for (int u = u0; u < u1; ++tiles) {
+        const int t = u / split.n, end = (t + 1) * split.n < u1 ? (t + 1) * split.n : u1;
+        int b, h, qb, kb;
+        coords(t, b, h, qb, kb);
+        // Two buffers: the consumers release a tile's after its last unit, whose second half
+        // waits for the next tile's first unit to land (one buffer would deadlock there).
+        const int buf = tiles & 1;
+        if (tiles >= 2) mbarrier_wait_suspend(&bias_empty[buf], ((tiles >> 1) - 1) & 1);
+        if (lane == 0) {
+          const int th = plan.tile_varies_h ? h : 0, tb = plan.tile_varies_b ? b : 0;
+          mbarrier_arrive_expect_tx(&bias_full[buf], L::kBiasBytes);
+          for (int box = 0; box < 4; ++box)
+            tma_load<5>(smem + L::kBias + buf * L::kBiasBytes + box * 8192, &plan.tile, &bias_full[buf],
+                        {kb * 128 + 64 * (box & 1), qb * 128 + 64 * (box >> 1), th, 0, tb});
+        }
+        for (; u < end; ++u, ++it) {
+          const int n = u % split.n, s = it % kS;
+          if (it >= kS) mbarrier_wait_suspend(&empty[s], (it / kS - 1) & 1);
+          if (lane == 0) {
+            uint8_t* st = smem + L::kSeq + s * L::kStageBytes;
+            mbarrier_arrive_expect_tx(&full[s], L::kStageBytes);
+            for (int half = 0; half < 2; ++half) {
+              tma_load<5>(st + L::kQ + half * L::kBoxBytes, &plan.q, &full[s], {0, qb * 128 + 64 * half, h, n, b});
+              tma_load<5>(st + L::kDO + half * L::kBoxBytes, &plan.d_o, &full[s], {0, qb * 128 + 64 * half, h, n, b});
+              tma_load<5>(st + L::kK + half * L::kBoxBytes, &plan.k, &full[s], {0, kb * 128 + 64 * half, h, n, b});
+              tma_load<5>(st + L::kV + half * L::kBoxBytes, &plan.v, &full[s], {0, kb * 128 + 64 * half, h, n, b});
+            }
+          }
+          // Rows past Lq read as 0 (their sums are never stored).
+          float* st = reinterpret_cast<float*>(smem + L::kStats + s * L::kStatsBytes);
+          const float* unit_stats = stats + ((b * static_cast<int>(p.N) + n) * static_cast<int>(p.H) + h) * lq;
+          for (int i = 0; i < 4; ++i) {
+            const int r = lane + 32 * i, q = qb * 128 + r;
+            for (int a = 0; a < 3; ++a) cp_async_4(st + 128 * a + r, unit_stats + (q < lq ? a * rows + q : 0), q < lq);
+          }
+          cp_async_mbarrier_arrive(&full[s]);
+        }
+      }
+    } else {
+      // The key biases of unit u, raw (at most one key slot, in the inputs' dtype: pair_bias_usable),
+      // loaded two units ahead of their stage so their latency hides behind the waits between.
+      const int64_t lk = p.Lk;
+      auto load_keys = [&](int u, Element (&raw)[4]) {
+        if (u >= u1) return;
+        int b, h, qb, kb;
+        coords(u / split.n, b, h, qb, kb);
+        const int n = u % split.n;
+        if (plan.key_single_slot < 0) return;
+        const BiasParams& bp = p.bias[plan.key_single_slot];
+        const Element* keys = static_cast<const Element*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n + h * bp.stride.h;
+        for (int i = 0; i < 4; ++i) {
+          const int64_t k = int64_t{kb} * 128 + lane + 32 * i;
+          if (k < lk) raw[i] = keys[k * bp.stride.k];
+        }
+      };
+      Element cur[4] = {}, next[4] = {};
+      load_keys(u0, cur);
+      load_keys(u0 + 1, next);
+      for (int u = u0, it = 0; u < u1; ++u, ++it) {
+        Element after[4] = {};
+        load_keys(u + 2, after);
+        const int s = it % kS;
+        if (it >= kS) mbarrier_wait_suspend(&empty[s], (it / kS - 1) & 1);
+        const int kb = (u / split.n) % split.k_blocks;
+        float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias) + s * 128;
+        for (int i = 0; i < 4; ++i) {
+          key_bias[lane + 32 * i] = int64_t{kb} * 128 + lane + 32 * i < lk ? to_float(cur[i]) * kLog2e : neg_inf();
+          cur[i] = next[i];
+          next[i] = after[i];
+        }
+        mbarrier_arrive(&full[s]);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  claim_registers<L::kConsumerRegisters>();
+  const int c = wg, w = warp % 4, g = lane / 4, t = lane % 4;
+  // Descriptors at stage 0 (a stage or a k-step adds its offset in 16-byte units): K-major Q, dO
+  // rows of this consumer's queries, K, V rows of a key half.
+  const uint64_t sw_seq = smem_desc<L::kRowBytes>(smem, 0, 8 * L::kRowBytes);
+  auto at = [](int bytes) { return static_cast<uint64_t>(bytes >> 4) | static_cast<uint64_t>(1) << 16; };
+  const uint64_t q_desc = sw_seq + at(L::kSeq + L::kQ + c * L::kBoxBytes);
+  const uint64_t do_desc = sw_seq + at(L::kSeq + L::kDO + c * L::kBoxBytes);
+  const uint64_t k_desc = sw_seq + at(L::kSeq + L::kK), v_desc = sw_seq + at(L::kSeq + L::kV);
+  // This thread's ldmatrix offset into a pair-bias box: the 8 x 8 blocks (queries 16w + 8 (m & 1),
+  // keys 8 (2jj + (m >> 1))) of matrix m = lane / 8; 16-key column pair jj adds 32 bytes before
+  // the swizzle, applied per jj below.
+  const int m = lane / 8;
+  const uint32_t bias_row = smem_addr(smem + L::kBias) + c * 2 * 8192 + (16 * w + 8 * (m & 1) + lane % 8) * 128;
+
+  // The mainloop of one key half of unit `it`: S = Q K^T, dP = dO V^T into s, dp.
+  auto issue = [&](int it, float(&s)[32], float(&dp)[32], int half) {
+    const int st = it % kS;
+    if (half == 0) mbarrier_wait(&full[st], (it / kS) & 1);
+    const uint32_t off = st * (L::kStageBytes >> 4) + half * (L::kBoxBytes >> 4);
+    wgmma_fence();
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      wgmma_ss<Element, 64>(s, q_desc + st * (L::kStageBytes >> 4) + 2 * kk, k_desc + off + 2 * kk, kk);
+    }
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      wgmma_ss<Element, 64>(dp, do_desc + st * (L::kStageBytes >> 4) + 2 * kk, v_desc + off + 2 * kk, kk);
+    }
+    wgmma_commit();
+  };
+  // acc += P (dP - Delta) of one key half of unit `it` (stage st; the tile's pair bias in buffer buf).
+  auto sums = [&](float(&acc)[32], const float(&s)[32], const float(&dp)[32], int st, int half, int buf) {
+    const float* stats = reinterpret_cast<const float*>(smem + L::kStats + st * L::kStatsBytes);
+    float row_max[2], log_sum[2], delta[2];
+    for (int r = 0; r < 2; ++r) {
+      const int row = 64 * c + 16 * w + g + 8 * r;
+      delta[r] = stats[row];
+      row_max[r] = stats[128 + row];
+      log_sum[r] = stats[256 + row];
+    }
+    const uint32_t row = bias_row + buf * L::kBiasBytes + half * 8192;
+    const float* key = reinterpret_cast<const float*>(smem + L::kKeyBias) + st * 128 + 64 * half;
+    // A recomputed row (row log-sum != 0, backend.h) among the warp's: the two-step exponent.
+    if (__any_sync(0xffffffffu, log_sum[0] != 0.0f || log_sum[1] != 0.0f)) {
+      pair_bias_sums<Element, true>(acc, s, dp, row, m, lane, key, row_max, log_sum, delta, p.scale_log2, t);
+    } else {
+      pair_bias_sums<Element, false>(acc, s, dp, row, m, lane, key, row_max, log_sum, delta, p.scale_log2, t);
+    }
+  };
+
+  float s0[32], dp0[32], s1[32], dp1[32], acc0[32], acc1[32];
+  for (int i = 0; i < 32; ++i) s0[i] = dp0[i] = s1[i] = dp1[i] = 0.0f;
+  const int count = u1 - u0;  // at least 1 (PairBiasSplit::workers <= units)
+  int tiles = 0;
+  // Each unit issues the next one's halves as its own registers free up, the last unit its own
+  // again (the results unused): one loop body, whose accumulators ptxas keeps in place. The
+  // second half's sums run beside the next unit's first matmuls, the other consumer's work beside
+  // the rest. Every iteration drains its groups once: otherwise (groups in flight across the
+  // back edge, a peeled last unit, an epilogue beside them) ptxas serialized every wgmma (C7514).
+  issue(0, s0, dp0, 0);
+  issue(0, s1, dp1, 1);
+  for (int it = 0; it < count; ++it) {
+    const int u = u0 + it, st = it % kS, next = it + 1 < count ? it + 1 : it;
+    wgmma_wait<0>();
+    fence_registers(s0);
+    fence_registers(dp0);
+    fence_registers(s1);
+    fence_registers(dp1);
+    if (it == 0 || u % split.n == 0) {
+      mbarrier_wait(&bias_full[tiles & 1], (tiles >> 1) & 1);
+      for (int i = 0; i < 32; ++i) acc0[i] = acc1[i] = 0.0f;
+    }
+    sums(acc0, s0, dp0, st, 0, tiles & 1);
+    issue(next, s0, dp0, 0);
+    sums(acc1, s1, dp1, st, 1, tiles & 1);
+    // Both halves' reads of this stage are done (the last unit's second issue reads it after
+    // this: nothing refills it then).
+    fence_proxy_async();
+    mbarrier_arrive(&empty[st]);
+    issue(next, s1, dp1, 1);
+    if (it + 1 < count && (u + 1) % split.n != 0) continue;
+
+    // epilogue: the tile's sums, to the gradient where this block holds all of its units, else
+    // to this worker's piece
+    const int tile = u / split.n;
+    fence_proxy_async();
+    mbarrier_arrive(&bias_empty[tiles & 1]);
+    ++tiles;
+    const int row0 = 64 * c + 16 * w + g;  // the thread's rows row0, row0 + 8 of the tile
+    if (tile * split.n >= u0 && (tile + 1) * split.n <= u1) {
+      int b, h, qb, kb;
+      coords(tile, b, h, qb, kb);
+      const BiasGradParams& gp = p.dbias[task.grad_slot];
+      const int64_t base = b * gp.stride.b + h * gp.stride.h;
+      auto store = [&](const float(&acc)[32], int half) {
+        for (int j = 0; j < 8; ++j)
+          for (int e = 0; e < 4; ++e) {
+            const int64_t q = int64_t{qb} * 128 + row0 + 8 * (e / 2);
+            const int64_t k = int64_t{kb} * 128 + 64 * half + 8 * j + 2 * t + e % 2;
+            if (q < p.Lq && k < p.Lk) store_any(gp.ptr, gp.dtype, base + q * gp.stride.q + k * gp.stride.k, acc[4 * j + e]);
+          }
+      };
+      store(acc0, 0);
+      store(acc1, 1);
+    } else {
+      float* piece = task.partials + split.piece_slot(blockIdx.x, tile) * (128 * 128) + row0 * 128 + 2 * t;
+      auto store = [&](const float(&acc)[32], int half) {
+        for (int j = 0; j < 8; ++j)
+          for (int r = 0; r < 2; ++r) {
+            *reinterpret_cast<float2*>(piece + 8 * r * 128 + 64 * half + 8 * j) =
+                make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+          }
+      };
+      store(acc0, 0);
+      store(acc1, 1);
+    }
+  }
+  wgmma_wait<0>();
+}
+
+// The tiles two or more workers share: their pieces summed in worker order, to the gradient. A
+// block a tile (most return at once), four consecutive keys a thread per pass. (A template only so
+// that each instantiation file's copy is inline, as the kernel's.)
+template <typename Element>
+__global__ void __launch_bounds__(256) pair_bias_reduce_kernel(const __grid_constant__ BwdParams p,
+                                                               const __grid_constant__ PairBiasTask task) {
+  start_after_previous_grid();
+  const PairBiasSplit& split = task.split;
+  const int tile = blockIdx.x;
+  const int first = split.worker_of(tile * split.n), last = split.worker_of((tile + 1) * split.n - 1);
+  if (first == last) return;
+  const int kb = tile % split.k_blocks, qb = (tile / split.k_blocks) % split.q_blocks;
+  const int64_t bh = tile / (split.k_blocks * split.q_blocks);
+  const BiasGradParams& gp = p.dbias[task.grad_slot];
+  const int64_t base = (bh / p.H) * gp.stride.b + (bh % p.H) * gp.stride.h;
+  for (int e = 4 * threadIdx.x; e < 128 * 128; e += 4 * 256) {
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int g = first; g <= last; ++g) {
+      const float4 v = *reinterpret_cast<const float4*>(task.partials + split.piece_slot(g, tile) * (128 * 128) + e);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    const int64_t q = int64_t{qb} * 128 + e / 128, k0 = int64_t{kb} * 128 + e % 128;
+    if (q >= p.Lq) continue;
+    const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
+    for (int i = 0; i < 4; ++i) {
+      if (k0 + i < p.Lk) store_any(gp.ptr, gp.dtype, base + q * gp.stride.q + (k0 + i) * gp.stride.k, vals[i]);
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_pair_bias(const BwdParams& p, const BwdPlan& plan, const PairBiasTask& task, cudaStream_t stream) {
+  using L = PairBiasLayout<kHeadDim>;
+  const size_t bytes = pair_bias_smem_bytes(kHeadDim);
+  auto* kernel = bwd_pair_bias_kernel<Element, kHeadDim>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {
+    return e;
+  }
+  const PairBiasSplit& s = task.split;
+  if (cudaError_t e = launch_kernel(kernel, static_cast<size_t>(s.workers), L::kThreads, bytes, stream, plan, p, task)) {
+    return e;
+  }
+  return launch_kernel(pair_bias_reduce_kernel<Element>, static_cast<size_t>(s.units / s.n), 256, 0, stream, p, task);
+}
+
+}  // namespace evoattn::cuda::hopper
