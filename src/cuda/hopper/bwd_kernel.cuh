@@ -53,15 +53,12 @@ struct BwdLayout {
   static constexpr int kConsumers = kConsumerCount;
   static constexpr int kStages = kStageCount;
   static constexpr int kKeys = 64 * kConsumers;  // keys per block
-  // The consumers and a producer warpgroup, one warp of which works. setmaxnreg moves registers
-  // within the block's allocation (65536 / kThreads a thread, in steps of 8): the producer gives
-  // up all but kProducerRegisters (56: as many as leave three consumers their 152, and its warp
-  // needs no spill), the consumers take the rest (224 for two, 152 for three).
+  // The consumers and a producer warpgroup, one warp of which works. The producer gives up all
+  // but kProducerRegisters (56: as many as leave three consumers their 152, and its warp needs
+  // no spill), the consumers take the rest (224 for two, 152 for three).
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegisters = 56;
-  static constexpr int kConsumerRegisters =
-      ((kLaunchRegisters * kThreads - 128 * kProducerRegisters) / (128 * kConsumers)) / 8 * 8;
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, kProducerRegisters);
   static constexpr int kRowBytes = 2 * kHeadDim;
   static constexpr int kSeqBytes = 64 * kRowBytes;  // a 64-row box
   static constexpr int kKvStageBytes = kConsumers * kSeqBytes;

@@ -47,10 +47,8 @@ struct PairBiasLayout {
   static constexpr int kStages = kPairBiasStages;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   // As BwdLayout: the producer keeps 56 registers, the consumers take the rest (224).
-  static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegisters = 56;
-  static constexpr int kConsumerRegisters =
-      ((kLaunchRegisters * kThreads - 128 * kProducerRegisters) / (128 * kConsumers)) / 8 * 8;
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, kProducerRegisters);
   static constexpr int kRowBytes = 2 * kHeadDim;
   static constexpr int kBoxBytes = 64 * kRowBytes;  // a 64-row box of Q, dO, K or V
   // A stage's boxes: Q (query halves 0, 1), dO, K (key halves 0, 1), V.

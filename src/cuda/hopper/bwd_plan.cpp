@@ -6,6 +6,16 @@
 #include "cuda/tma_maps.h"
 
 namespace evoattn::cuda::hopper {
+namespace {
+
+// Q, dO, K, V laid out as TMA takes them.
+bool seq_tensors_take_tma(const BwdParams& p) {
+  return tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) &&
+         tma_legal(seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o) &&
+         tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) && tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v);
+}
+
+}  // namespace
 
 bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
 #if !defined(EVOATTN_WITH_HOPPER)
@@ -26,12 +36,7 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   const int consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk);
   if ((items + sms - 1) / sms * bwd_key_blocks(consumers, p.Lk) * plan.q_tiles >= (int64_t{1} << 31)) return false;
   if (family == Family::kAuto && !bwd_auto_prefers_hopper(bucket, p.Lq, items, sms)) return false;
-  if (!tile_takes_tma(p, plan)) return false;
-  if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
-      !tma_legal(seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o) ||
-      !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) || !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
-    return false;
-  }
+  if (!tile_takes_tma(p, plan) || !seq_tensors_take_tma(p)) return false;
   size_t allowed = 0;
   return smem_per_block_limit(p.device, &allowed) == cudaSuccess &&
          bwd_smem_bytes(bucket, consumers, plan.q_tiles) <= allowed;
@@ -129,17 +134,11 @@ bool pair_bias_usable(const BwdParams& p, const LaunchPlan& plan, const RowsTask
   (void)task;
   return false;
 #else
-  if (plan.delta_in_dkdv || pair_bias_partial_bytes(p, plan, task) == 0) {
-    return false;
-  }
-  if (plan.tile_fast_slot != task.grad_slot || hopper_sms(p.device) == 0 || !tile_takes_tma(p, plan)) return false;
+  if (plan.delta_in_dkdv || pair_bias_partial_bytes(p, plan, task) == 0) return false;
+  if (plan.tile_fast_slot != task.grad_slot || hopper_sms(p.device) == 0) return false;
   // At most one key slot, in the inputs' dtype (the kernel reads it as Elements).
   if (plan.key_slots != 0 && (plan.key_single_slot < 0 || plan.key_single.dtype != p.dtype)) return false;
-  if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) ||
-      !tma_legal(seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o) ||
-      !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) || !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
-    return false;
-  }
+  if (!tile_takes_tma(p, plan) || !seq_tensors_take_tma(p)) return false;
   size_t allowed = 0;
   return smem_per_block_limit(p.device, &allowed) == cudaSuccess &&
          pair_bias_smem_bytes(head_dim_bucket(p.D)) <= allowed;

@@ -42,13 +42,8 @@ struct FwdLayout {
   static constexpr int kConsumers = kConsumerCount;
   static constexpr int kBlockRows = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // setmaxnreg moves registers within the block's allocation (65536 / kThreads a thread, in
-  // steps of 8), so the producer's 128 x kProducerRegisters and the consumers' must fit it: a
-  // consumer that asks for more waits forever.
-  static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegisters = 64;
-  static constexpr int kConsumerRegisters =
-      ((kLaunchRegisters * kThreads - 128 * kProducerRegisters) / (128 * kConsumers)) / 8 * 8;
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, kProducerRegisters);
   static constexpr int kRows = 64;  // query rows per consumer; keys per tile
   static constexpr int kStages = fwd_stages(kHeadDim);
   static constexpr int kChunk = kHeadDim < 64 ? kHeadDim : 64;  // elements of a swizzled row

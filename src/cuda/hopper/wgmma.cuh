@@ -49,6 +49,15 @@ __device__ __forceinline__ void fence_registers(float (&d)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The registers a consumer thread may claim in a block of `consumers` consumer warpgroups and one
+// producer warpgroup that keeps `producer` a thread: setmaxnreg moves registers within the
+// block's allocation (65536 / threads a thread, in steps of 8), so the producer's 128 x producer
+// and the consumers' must fit it (a consumer that asks for more waits forever).
+constexpr int consumer_registers(int consumers, int producer) {
+  const int threads = 128 * (consumers + 1), launch = (65536 / threads) / 8 * 8;
+  return ((launch * threads - 128 * producer) / (128 * consumers)) / 8 * 8;
+}
+
 // Register reallocation between warpgroups (all of a warpgroup's threads execute it).
 template <int kRegs>
 __device__ __forceinline__ void release_registers() {
