@@ -40,8 +40,22 @@ filter=$("$TESTS" --gtest_list_tests | awk -v max=$((1 << 25)) '
     }
     printf "%s%s", (kept++ ? ":" : ""), name
   }')
-echo "==> evoattn_tests: $(tr ':' '\n' <<<"$filter" | wc -l) CPU cases of $("$TESTS" --gtest_list_tests | grep -c '^  ') (B*N*H*Lq*Lk*D <= 2^25)"
-"$TESTS" --gtest_filter="$filter" --gtest_brief=1
+# One shard per core (the cases are single-threaded); each shard's log is printed as it ends.
+shards=$(nproc)
+echo "==> evoattn_tests: $(tr ':' '\n' <<<"$filter" | wc -l) CPU cases of $("$TESTS" --gtest_list_tests | grep -c '^  ') (B*N*H*Lq*Lk*D <= 2^25), $shards shards"
+pids=()
+for i in $(seq 0 $((shards - 1))); do
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "$TESTS" --gtest_filter="$filter" --gtest_brief=1 \
+    >"$BUILD/sanitize-shard-$i.log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || failed=1
+  echo "--- shard $i of $shards"
+  cat "$BUILD/sanitize-shard-$i.log"
+done
+[ "$failed" = 0 ] || { echo "sanitize: a shard failed or reported (its log above)" >&2; exit 1; }
 
 echo "==> the CLI's tests (ctest -L cli)"
 ctest --test-dir "$BUILD" -L cli --output-on-failure -j2
