@@ -247,7 +247,9 @@ cudaError_t fwd_tf32(const FwdParams& p, cudaStream_t stream) {
 // end of the last part: no padding after it); the running dQ (plan.dq_slots slots of [Lq,
 // dq_width] floats) only when the dK/dV kernel computes dQ over more than one key tile
 // (LaunchPlan::fuse_dq), with its slots' busy flags, which the row statistics zero (no memset
-// on the stream between the kernels). chunk_budget keeps the total within SPEC's bound.
+// on the stream between the kernels). A gradient's partials part also holds the Hopper
+// pair-bias kernel's pieces where it may run (hopper::pair_bias_partial_bytes), whichever is
+// larger. chunk_budget and bias_grad_partial_floats keep the total within the contract's bound.
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {
