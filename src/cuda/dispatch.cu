@@ -320,16 +320,15 @@ bool pair_bias_hopper(const BwdParams& p, const LaunchPlan& plan, const cuda::Ro
 }
 
 template <typename Element, int kHeadDim>
-cudaError_t bwd_hopper_pair_bias(const BwdParams& p, const LaunchPlan& plan, const cuda::hopper::BwdPlan& hopper_plan,
+cudaError_t bwd_hopper_pair_bias(const BwdParams& p, const cuda::hopper::BwdPlan& hopper_plan,
                                  const cuda::RowsTask& task, float* partials, cudaStream_t stream) {
 #if defined(EVOATTN_WITH_HOPPER)
   if constexpr (cuda::variants::hopper_pair_bias(kHeadDim)) {
-    const cuda::hopper::PairBiasTask pair_task = cuda::hopper::make_pair_bias_task(p, plan, task, partials);
+    const cuda::hopper::PairBiasTask pair_task = cuda::hopper::make_pair_bias_task(p, task, partials);
     return cuda::hopper::run_bwd_pair_bias<Element, kHeadDim>(p, hopper_plan, pair_task, stream);
   }
 #endif
   (void)p;
-  (void)plan;
   (void)hopper_plan;
   (void)task;
   (void)partials;
@@ -348,14 +347,14 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
   // The bias-gradient tasks, which kernel takes each, and the Hopper kernels' plan (their tensor
   // maps), made once where either Hopper kernel runs.
   cuda::RowsTask tasks[kNumGradSlots];
+  float* partials[kNumGradSlots] = {};  // null: no partials part (the gradient is not chunked)
   bool pair_hopper[kNumGradSlots] = {};
   for (int slot = 0; slot < kNumGradSlots; ++slot) {
     if (!p.dbias[slot].requested) continue;
-    // No partials part (offset 0): the gradient is not chunked.
-    float* partials = layout.partial_offset[slot] == 0 ? nullptr
-                                                       : reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
-                                                                                  layout.partial_offset[slot]);
-    tasks[slot] = cuda::make_rows_task(p, plan, slot, partials);
+    if (layout.partial_offset[slot] != 0) {
+      partials[slot] = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + layout.partial_offset[slot]);
+    }
+    tasks[slot] = cuda::make_rows_task(p, plan, slot, partials[slot]);
     pair_hopper[slot] = pair_bias_hopper<kHeadDim>(p, plan, tasks[slot]);
   }
   cuda::hopper::BwdPlan hopper_plan{};
@@ -384,10 +383,7 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
     if (slot >= 0 && !p.dbias[slot].requested) continue;
     const cuda::RowsTask task = slot < 0 ? cuda::make_rows_task(p, plan, slot, nullptr) : tasks[slot];
     if (slot >= 0 && pair_hopper[slot]) {
-      if (cudaError_t e = bwd_hopper_pair_bias<Element, kHeadDim>(p, plan, hopper_plan, task,
-                                                                  reinterpret_cast<float*>(static_cast<char*>(p.workspace) +
-                                                                                           layout.partial_offset[slot]),
-                                                                  stream)) {
+      if (cudaError_t e = bwd_hopper_pair_bias<Element, kHeadDim>(p, hopper_plan, task, partials[slot], stream)) {
         return e;
       }
       continue;

@@ -8,11 +8,39 @@
 namespace evoattn::cuda::hopper {
 namespace {
 
+#if defined(EVOATTN_WITH_HOPPER)
 // Q, dO, K, V laid out as TMA takes them.
 bool seq_tensors_take_tma(const BwdParams& p) {
   return tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) &&
          tma_legal(seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o) &&
          tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) && tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v);
+}
+#endif
+
+// Units (tile, n) of the pair bias's gradient: 128 x 128 tiles of each (b, h), times N.
+int64_t pair_bias_units(const BwdParams& p) {
+  return p.B * p.H * ((p.Lq + kPairBiasTile - 1) / kPairBiasTile) * ((p.Lk + kPairBiasTile - 1) / kPairBiasTile) * p.N;
+}
+
+// The most workers whose pieces (two 128 x 128 float32 tiles each) fit the workspace's
+// allowance for this gradient, up to kPairBiasMaxWorkers.
+int64_t pair_bias_max_workers(const BwdParams& p) {
+  const int64_t fit = bias_grad_partial_floats(p) / (2 * kPairBiasTile * kPairBiasTile);
+  return fit < kPairBiasMaxWorkers ? fit : kPairBiasMaxWorkers;
+}
+
+// The split by shape, with `sms` blocks at most (0: by the most workers, as the workspace counts).
+PairBiasSplit pair_bias_split(const BwdParams& p, int sms) {
+  PairBiasSplit s{};
+  s.q_blocks = static_cast<int32_t>((p.Lq + kPairBiasTile - 1) / kPairBiasTile);
+  s.k_blocks = static_cast<int32_t>((p.Lk + kPairBiasTile - 1) / kPairBiasTile);
+  s.n = static_cast<int32_t>(p.N);
+  const int64_t units = pair_bias_units(p);  // pair_bias_partial_bytes: fits 32 bits
+  s.units = static_cast<int32_t>(units);
+  int64_t most = pair_bias_max_workers(p);
+  if (sms > 0 && sms < most) most = sms;
+  s.workers = static_cast<int32_t>(units < most ? units : most);
+  return s;
 }
 
 }  // namespace
@@ -71,34 +99,6 @@ cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* o
   return cudaSuccess;
 }
 
-}  // namespace evoattn::cuda::hopper
-
-namespace evoattn::cuda::hopper {
-namespace {
-
-// The most workers whose pieces (two 128 x 128 float32 tiles each) fit the workspace's
-// allowance for this gradient, up to kPairBiasMaxWorkers.
-int64_t pair_bias_max_workers(const BwdParams& p) {
-  const int64_t fit = bias_grad_partial_floats(p) / (2 * kPairBiasTile * kPairBiasTile);
-  return fit < kPairBiasMaxWorkers ? fit : kPairBiasMaxWorkers;
-}
-
-// The split by shape, with `sms` blocks at most (0: by the most workers, as the workspace counts).
-PairBiasSplit pair_bias_split(const BwdParams& p, int sms) {
-  PairBiasSplit s{};
-  s.q_blocks = static_cast<int32_t>((p.Lq + kPairBiasTile - 1) / kPairBiasTile);
-  s.k_blocks = static_cast<int32_t>((p.Lk + kPairBiasTile - 1) / kPairBiasTile);
-  s.n = static_cast<int32_t>(p.N);
-  const int64_t units = p.B * p.H * s.q_blocks * s.k_blocks * p.N;  // pair_bias_partial_bytes: fits
-  s.units = static_cast<int32_t>(units);
-  int64_t most = pair_bias_max_workers(p);
-  if (sms > 0 && sms < most) most = sms;
-  s.workers = static_cast<int32_t>(units < most ? units : most);
-  return s;
-}
-
-}  // namespace
-
 size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task) {
 #if !defined(EVOATTN_WITH_HOPPER)
   (void)p;
@@ -116,9 +116,7 @@ size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const
   const int bucket = head_dim_bucket(p.D);
   if (bucket != 16 && bucket != 32) return 0;
   // 32-bit arithmetic in the kernel: units x workers (PairBiasSplit), the statistics' rows.
-  const int64_t units = p.B * p.H * ((p.Lq + kPairBiasTile - 1) / kPairBiasTile) *
-                        ((p.Lk + kPairBiasTile - 1) / kPairBiasTile) * p.N;
-  if (units * kPairBiasMaxWorkers >= (int64_t{1} << 31) || p.B * p.N * p.H * p.Lq >= (int64_t{1} << 31)) return 0;
+  if (pair_bias_units(p) * kPairBiasMaxWorkers >= (int64_t{1} << 31) || p.B * p.N * p.H * p.Lq >= (int64_t{1} << 31)) return 0;
   // Half the workers of an H100 at least, or the portable kernels (where the running dQ and the
   // other gradient leave too little room).
   if (pair_bias_max_workers(p) < kPairBiasMaxWorkers / 2) return 0;
@@ -145,8 +143,7 @@ bool pair_bias_usable(const BwdParams& p, const LaunchPlan& plan, const RowsTask
 #endif
 }
 
-PairBiasTask make_pair_bias_task(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task, float* partials) {
-  (void)plan;
+PairBiasTask make_pair_bias_task(const BwdParams& p, const RowsTask& task, float* partials) {
   PairBiasTask t{};
   t.split = pair_bias_split(p, hopper_sms(p.device));
   t.grad_slot = task.grad_slot;

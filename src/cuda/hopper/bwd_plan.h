@@ -95,8 +95,8 @@ constexpr int kPairBiasMaxWorkers = 132;
 constexpr int kPairBiasStages = 4;
 // Its block's dynamic shared memory (PairBiasLayout): two buffers of a tile's four pair-bias boxes
 // (64 x 64 x 2 bytes); per stage two 64-row boxes each of Q, dO, K and V (rows of 2 `bucket`
-// bytes), the statistics of 128 rows (12 bytes each) and a flag, 128 key biases; the mbarriers;
-// 1 KB to align the base.
+// bytes), the statistics of 128 rows (12 bytes each) and 16 bytes unused, 128 key biases; the
+// mbarriers; 1 KB to align the base.
 constexpr size_t pair_bias_smem_bytes(int bucket) {
   const size_t box = size_t{128} * bucket;
   return 2 * 4 * 8192 + kPairBiasStages * (8 * box + 128 * 12 + 16 + 128 * 4) + (2 * kPairBiasStages + 4) * 8 + 1024;
@@ -135,6 +135,7 @@ size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const
 // bias, in the inputs' dtype.
 bool pair_bias_usable(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task);
 
-PairBiasTask make_pair_bias_task(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task, float* partials);
+// The task of a call pair_bias_usable takes: the split for this GPU's SMs, the pieces at `partials`.
+PairBiasTask make_pair_bias_task(const BwdParams& p, const RowsTask& task, float* partials);
 
 }  // namespace evoattn::cuda::hopper
