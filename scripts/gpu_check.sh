@@ -86,8 +86,8 @@ if want sanitize; then
   # The Hopper family (EVOATTN_KERNEL_FAMILY=hopper): the forward at every head-dim bucket,
   # partial tiles, with and without a pair bias, and the forward family tests; the backward
   # (head-dim buckets 16 and 32; TMA-legal pair-bias rows) with partial query and key tiles, one
-  # to four key blocks, D 8, 16, 24 and 32.
-  hopper_filter='*Forward*cuda_bf16*Lq17*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*'
+  # to four key blocks, D 8, 16, 24 and 32; the pair-bias gradient's kernel over its splits.
+  hopper_filter='KernelFamily.HopperPairBias*:*Forward*cuda_bf16*Lq17*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*'
   for tool in memcheck racecheck; do
     EVOATTN_KERNEL_FAMILY=hopper compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" \
       --gtest_filter="$hopper_filter" > "$OUT/sanitizer_hopper_$tool.log" 2>&1

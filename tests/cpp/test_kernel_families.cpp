@@ -215,7 +215,8 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
     const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(D <= 16 ? 16 : 32, L, B * N * H, sms);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(automatic[i], hopper_dkdv ? hopper[i] : portable[i]) << names[i];
     // The switch takes the Hopper pair-bias gradient at D = 32 (the pieces of 85 workers fit
-    // the workspace; at 24 and below the running dQ leaves too little room); auto never does.
+    // the workspace; at 24 and below the running dQ leaves too little room); auto does not at
+    // 36 tiles (pair_bias_auto_prefers_hopper).
     EXPECT_EQ(automatic[3], portable[3]) << "auto keeps the portable pair-bias gradient";
   }
 }
@@ -241,9 +242,17 @@ TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) 
     const auto hopper = backward("hopper", d_o, in);
     const auto again = backward("hopper", d_o, in);
     const auto portable = backward("portable", d_o, in);
+    const auto automatic = backward("auto", d_o, in);
     EXPECT_NE(hopper[3], portable[3]) << "the switch did not change the pair-bias gradient";
     EXPECT_LE(relative_gap(hopper[3], portable[3]), 2e-2);
     EXPECT_EQ(hopper, again) << "not deterministic";
+    // Auto: one of the two, bit for bit; the portable one below 66 tiles.
+    const int64_t tiles = c.B * c.H * ((c.L + 127) / 128) * ((c.L + 127) / 128);
+    if (cuda::hopper::pair_bias_auto_prefers_hopper(tiles)) {
+      EXPECT_TRUE(automatic[3] == hopper[3] || automatic[3] == portable[3]);
+    } else {
+      EXPECT_EQ(automatic[3], portable[3]);
+    }
   }
 }
 
@@ -299,6 +308,14 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_TRUE(bwd_auto_prefers_hopper(16, 384, 5120 * 8, 132));     // extramsa
   EXPECT_FALSE(bwd_auto_prefers_hopper(16, 256, 4 * 256 * 4, 132));  // template: as fast
   EXPECT_FALSE(bwd_auto_prefers_hopper(64, 256, 256 * 8, 132));     // tri256d64
+  // The pair-bias gradient by tiles (B H ceil(Lq / 128) ceil(Lk / 128)).
+  using cuda::hopper::pair_bias_auto_prefers_hopper;
+  EXPECT_TRUE(pair_bias_auto_prefers_hopper(4 * 6 * 6));       // tri768
+  EXPECT_TRUE(pair_bias_auto_prefers_hopper(4 * 4 * 3 * 3));   // b4tri384
+  EXPECT_TRUE(pair_bias_auto_prefers_hopper(8 * 3 * 3));       // extramsa
+  EXPECT_FALSE(pair_bias_auto_prefers_hopper(4 * 4 * 2 * 2));  // template
+  EXPECT_FALSE(pair_bias_auto_prefers_hopper(8 * 2 * 2));      // msarow
+  EXPECT_FALSE(pair_bias_auto_prefers_hopper(4 * 2 * 2));      // tri256
   using cuda::hopper::bwd_smem_bytes;
   EXPECT_LE(bwd_smem_bytes(32, 2, 13), size_t{227} * 1024);
   EXPECT_GT(bwd_smem_bytes(32, 2, 14), size_t{227} * 1024);
@@ -337,7 +354,7 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
 // The pair-bias gradient's split, checked without a GPU: the ranges tile the units in order,
 // worker_of finds the range of every unit, and the pieces of a tile two or more workers share go
 // to distinct workspace slots, each worker's at most two (first and last).
-TEST(HopperPlan, PairBiasSplitCoversEveryUnitOnceAndItsPiecesTheirOwnSlots) {
+TEST(HopperPlan, PairBiasSplitCoversEveryUnitAndNOnceAndItsPiecesTheirOwnSlots) {
   using cuda::hopper::PairBiasSplit;
   for (const int tiles : {1, 3, 8, 64, 144, 720}) {
     for (const int n : {2, 3, 40, 768}) {
@@ -361,6 +378,15 @@ TEST(HopperPlan, PairBiasSplitCoversEveryUnitOnceAndItsPiecesTheirOwnSlots) {
           if (first == last) continue;  // whole in one range: written directly
           for (int g = first; g <= last; ++g) ++used[static_cast<size_t>(s.piece_slot(g, t))];
         }
+        // Each tile's units take every n once; the block holding a tile's last unit is at n = its
+        // step mod N there.
+        for (int t = 0; t < tiles; ++t) {
+          std::vector<int> seen(static_cast<size_t>(n), 0);
+          for (int u = t * n; u < (t + 1) * n; ++u) ++seen[static_cast<size_t>(s.n_of(u))];
+          ASSERT_EQ(std::count(seen.begin(), seen.end(), 1), n) << "tile " << t;
+          const int g = s.worker_of((t + 1) * n - 1);
+          for (int u = std::max(t * n, s.begin(g)); u < (t + 1) * n; ++u) ASSERT_EQ(s.n_of(u), (u - s.begin(g)) % n);
+        }
         for (size_t slot = 0; slot < used.size(); ++slot) ASSERT_LE(used[slot], 1) << "slot " << slot;
       }
     }
@@ -370,7 +396,7 @@ TEST(HopperPlan, PairBiasSplitCoversEveryUnitOnceAndItsPiecesTheirOwnSlots) {
 TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   GTEST_SKIP() << "needs the CUDA backend's planner";
 }
-TEST(HopperPlan, PairBiasSplitCoversEveryUnitOnceAndItsPiecesTheirOwnSlots) {
+TEST(HopperPlan, PairBiasSplitCoversEveryUnitAndNOnceAndItsPiecesTheirOwnSlots) {
   GTEST_SKIP() << "needs the CUDA backend's planner";
 }
 #endif

@@ -5,7 +5,9 @@
 //   work   tiles of 128 queries x 128 keys of each (b, h); units (tile, n), tile-major, split
 //          into one contiguous range a block (stream-K, PairBiasSplit): a tile inside one range
 //          is written by its block, a tile two ranges share goes to the workspace as pieces and
-//          pair_bias_reduce_kernel sums them in worker order. Deterministic, no atomics.
+//          pair_bias_reduce_kernel sums them in worker order. Deterministic, no atomics. A tile
+//          walks its n from an offset (PairBiasSplit::n_of), so that blocks in different tiles
+//          are at the same n and share its copies in L2.
 //   block  two consumer warpgroups (64 queries each) and a producer warpgroup, two warps of
 //          which work (setmaxnreg gives the rest of its registers to the consumers)
 //   producer warps:
@@ -173,8 +175,8 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
             tma_load<5>(smem + L::kBias + buf * L::kBiasBytes + box * 8192, &plan.tile, &bias_full[buf],
                         {kb * 128 + 64 * (box & 1), qb * 128 + 64 * (box >> 1), th, 0, tb});
         }
-        for (; u < end; ++u, ++it) {
-          const int n = u % split.n, s = it % kS;
+        for (int n = split.n_of(u); u < end; ++u, ++it, n = n + 1 < split.n ? n + 1 : 0) {
+          const int s = it % kS;
           if (it >= kS) mbarrier_wait_suspend(&empty[s], (it / kS - 1) & 1);
           if (lane == 0) {
             uint8_t* st = smem + L::kSeq + s * L::kStageBytes;
@@ -189,6 +191,7 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
           // Rows past Lq read as 0 (their sums are never stored).
           float* st = reinterpret_cast<float*>(smem + L::kStats + s * L::kStatsBytes);
           const float* unit_stats = stats + ((b * static_cast<int>(p.N) + n) * static_cast<int>(p.H) + h) * lq;
+#pragma unroll 1
           for (int i = 0; i < 4; ++i) {
             const int r = lane + 32 * i, q = qb * 128 + r;
             for (int a = 0; a < 3; ++a) cp_async_4(st + 128 * a + r, unit_stats + (q < lq ? a * rows + q : 0), q < lq);
@@ -204,7 +207,7 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
         if (u >= u1) return;
         int b, h, qb, kb;
         coords(u / split.n, b, h, qb, kb);
-        const int n = u % split.n;
+        const int n = split.n_of(u);
         if (plan.key_single_slot < 0) return;
         const BiasParams& bp = p.bias[plan.key_single_slot];
         const Element* keys = static_cast<const Element*>(bp.ptr) + b * bp.stride.b + n * bp.stride.n + h * bp.stride.h;

@@ -106,9 +106,8 @@ size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const
   (void)task;
   return 0;
 #else
-  // Only under EVOATTN_KERNEL_FAMILY=hopper: the automatic choice keeps the portable kernels
-  // (docs/perf/log.md v40: this kernel measured slower on most suite shapes), and their workspace.
-  if (requested_family() != Family::kHopper) return 0;
+  const Family family = requested_family();
+  if (family == Family::kPortable) return 0;
   if (p.dtype == DType::kF32 || exact_delta(p) || p.N < 2 || !rows_task_over_n(task, plan) || !one_fast_layout_tile(p) ||
       p.bias[task.grad_slot].stride.q == 0) {
     return 0;
@@ -121,7 +120,12 @@ size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const
   // other gradient leave too little room).
   if (pair_bias_max_workers(p) < kPairBiasMaxWorkers / 2) return 0;
   const PairBiasSplit s = pair_bias_split(p, 0);
-  return static_cast<size_t>(2 * s.workers) * kPairBiasTile * kPairBiasTile * sizeof(float);
+  const size_t bytes = static_cast<size_t>(2 * s.workers) * kPairBiasTile * kPairBiasTile * sizeof(float);
+  if (family == Family::kAuto &&
+      (!pair_bias_auto_prefers_hopper(s.units / s.n) || bytes > rows_task_partial_bytes(p, plan, task.grad_slot))) {
+    return 0;
+  }
+  return bytes;
 #endif
 }
 

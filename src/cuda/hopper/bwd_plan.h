@@ -114,6 +114,14 @@ struct PairBiasSplit {
   EVOATTN_HOST_DEVICE int worker_of(int u) const { return ((u + 1) * workers + units - 1) / units - 1; }
   // The workspace slot of worker g's piece of tile t: its first piece (2g) or its last (2g + 1).
   EVOATTN_HOST_DEVICE int piece_slot(int g, int t) const { return 2 * g + (begin(g) / n == t ? 0 : 1); }
+  // The n of unit u: a tile walks its n from the unit where the block holding its last unit
+  // begins (n = that block's step mod N), so the blocks that begin in tiles walk n in step
+  // (a group for each place from a tile's end) and a (b, h)'s tiles read each n's Q, dO, K, V
+  // from L2 rather than each from DRAM.
+  EVOATTN_HOST_DEVICE int n_of(int u) const {
+    const int from = begin(worker_of((u / n + 1) * n - 1));
+    return ((u - from) % n + n) % n;
+  }
 };
 
 struct PairBiasTask {
@@ -122,11 +130,18 @@ struct PairBiasTask {
   float* partials;    // [2 kPairBiasMaxWorkers][128][128] float32 pieces
 };
 
-// Bytes of workspace pieces the pair-bias kernel may need for this gradient task: nonzero under
-// EVOATTN_KERNEL_FAMILY=hopper (auto keeps the portable kernels: they measured faster) where the
-// shape lets it run (16-bit inputs, head-dim bucket 16 or 32 with Delta from O, the gradient of
+// Whether the automatic choice takes the Hopper pair-bias kernel for a gradient of `tiles`
+// 128 x 128 tiles (B H ceil(Lq / 128) ceil(Lk / 128)): where they are half its workers or more, so
+// that most tiles lie whole in one block's range (measured faster on tri768, b4tri384 and
+// extramsa; slower where few tiles are split among many blocks: msarow, tri256; perf/log.md v41).
+constexpr bool pair_bias_auto_prefers_hopper(int64_t tiles) { return tiles >= kPairBiasMaxWorkers / 2; }
+
+// Bytes of workspace pieces the pair-bias kernel may need for this gradient task: nonzero where
+// the shape lets it run (16-bit inputs, head-dim bucket 16 or 32 with Delta from O, the gradient of
 // the one tile bias, shared over n and summed over n alone, N >= 2) and the pieces of 66 workers
-// at least fit the contract's workspace bound. By shape and family, as the workspace size query
+// at least fit the contract's workspace bound; under EVOATTN_KERNEL_FAMILY=hopper, or under auto
+// where pair_bias_auto_prefers_hopper and the pieces take no more than the portable pass's
+// partials (auto never grows the workspace). By shape and family, as the workspace size query
 // needs: the call may still take the portable kernels (pair_bias_usable).
 size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task);
 
