@@ -224,19 +224,38 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
 // The Hopper pair-bias gradient over its work split (hopper::PairBiasSplit: 128 x 128 tiles, units
 // (tile, n) in contiguous ranges, one a block): tiles one block holds whole, tiles two or three
 // blocks share, tiles split among seventeen (few tiles, long n), ragged tile edges and head dims
-// 8 to 32. Against the portable kernels, and bit for bit the same on a second run. (Shapes whose
-// workspace holds the pieces of 66 workers or more: the kernel runs only there.)
+// 8 to 32; and rows whose exponent takes the general form (a row max beyond 64 in the log2 domain:
+// query rows 64-79 of every head biased by +120, and every row of n = 1 masked by -1e9), beside
+// warps that take the factored one. Against the portable kernels, and bit for bit the same on a
+// second run. (Shapes whose workspace holds the pieces of 66 workers or more: the kernel runs only
+// there.)
 TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
   struct Case {
     int64_t B, N, L, H, D;
+    bool extreme_rows;
   };
-  const Case cases[] = {{1, 3, 264, 32, 32}, {2, 2, 264, 40, 16}, {1, 1000, 136, 2, 24}, {1, 2, 520, 16, 8}};
+  const Case cases[] = {{1, 3, 264, 32, 32, false},  {2, 2, 264, 40, 16, false}, {1, 1000, 136, 2, 24, false},
+                        {1, 2, 520, 16, 8, false},   {1, 4, 264, 32, 32, true}};
   std::mt19937_64 rng(137);
   for (const Case& c : cases) {
     SCOPED_TRACE("B" + std::to_string(c.B) + " N" + std::to_string(c.N) + " L" + std::to_string(c.L) + " H" +
-                 std::to_string(c.H) + " D" + std::to_string(c.D));
+                 std::to_string(c.H) + " D" + std::to_string(c.D) + (c.extreme_rows ? " extreme rows" : ""));
     Inputs in(rng, c.B, c.N, c.L, c.H, c.D);
+    if (c.extreme_rows) {
+      std::vector<double> pb = util::to_doubles(in.pb.to(EVOATTN_DEVICE_CPU).view);  // [B, 1, H, L, L]
+      for (size_t e = 0; e < pb.size(); ++e) {
+        const int64_t i = static_cast<int64_t>(e / c.L) % c.L;
+        if (i >= 64 && i < 80) pb[e] += 120.0;
+      }
+      std::vector<double> mb = util::to_doubles(in.mb.to(EVOATTN_DEVICE_CPU).view);  // [B, N, 1, 1, L]
+      for (int64_t k = 0; k < c.L; ++k) mb[static_cast<size_t>(c.L + k)] = -1e9;  // b = 0, n = 1
+      Tensor pb_host = in.pb.to(EVOATTN_DEVICE_CPU), mb_host = in.mb.to(EVOATTN_DEVICE_CPU);
+      util::from_doubles(pb_host.view, pb);
+      util::from_doubles(mb_host.view, mb);
+      in.pb = pb_host.to(EVOATTN_DEVICE_CUDA);
+      in.mb = mb_host.to(EVOATTN_DEVICE_CUDA);
+    }
     const Tensor d_o = random_bf16(rng, {c.B, c.N, c.L, c.H, c.D}, -1, 1);
     in.forward("portable");
     const auto hopper = backward("hopper", d_o, in);

@@ -19,8 +19,8 @@
 //   previous unit's same half has freed its registers (the first half's then run under the
 //   second half's exponentials):
 //     mainloop  S = Q K^T, dP = dO V^T                     (wgmma, K-major from shared memory)
-//     softmax   P = 2^((x - row max) - row log-sum), x = score_log2 as every kernel (the log-sum
-//               only in warps with a recomputed row); acc += P (dP - Delta)
+//     softmax   acc += P (dP - Delta), P = 2^((x - row max) - row log-sum), x = score_log2 as
+//               every kernel; factored as 2^x (2^-m dP - 2^-m Delta) in warps whose rows allow it
 //   epilogue  per tile: the sums to the gradient, or to the worker's piece
 #pragma once
 
@@ -72,16 +72,26 @@ struct PairBiasLayout {
 };
 
 // acc += P (dP - Delta) of one thread's 32 scores of a 64-key half (queries g, g + 8 of its warp's
-// rows; keys 8j + 2t, + 1), P = 2^((x - row max) - row log-sum); without a recomputed row in the
-// unit every row log-sum is 0 and x - row max alone is the same value. bias_row: the thread's
-// ldmatrix row of the half's pair-bias box (m = lane / 8 its matrix), whose 16 keys 16jj.. are
-// read as they are used (register x4 m: row g + 8 (m & 1), keys 16jj + 8 (m >> 1) + 2t, + 1); key:
-// the half's key biases x log2 e; row_max, log_sum, delta: the thread's two rows'.
-template <typename Element, bool kRecomputed>
+// rows; keys 8j + 2t, + 1), x the score in the log2 domain. kFactored: P (dP - Delta) =
+// 2^x (c dP + d), c = 2^-m, d = -Delta c per row (one FFMA where x - m and dP - Delta took two
+// FADDs), for warps whose rows all have |m| <= 64 and no log-sum: 2^x then neither overflows nor
+// flushes a term above 2^-62. Otherwise P = 2^((x - row max) - row log-sum), as every kernel.
+// bias_row: the thread's ldmatrix row of the half's pair-bias box (m = lane / 8 its matrix), whose
+// 16 keys 16jj.. are read as they are used (register x4 m: row g + 8 (m & 1), keys
+// 16jj + 8 (m >> 1) + 2t, + 1); key: the half's key biases x log2 e; row_max, log_sum, delta: the
+// thread's two rows'.
+template <typename Element, bool kFactored>
 __device__ __forceinline__ void pair_bias_sums(float (&acc)[32], const float (&s)[32], const float (&dp)[32],
                                                uint32_t bias_row, int m, int lane, const float* key,
                                                const float (&row_max)[2], const float (&log_sum)[2],
                                                const float (&delta)[2], float scale_log2, int t) {
+  float c[2], d[2];
+  if constexpr (kFactored) {
+    for (int r = 0; r < 2; ++r) {
+      c[r] = exp2_approx(-row_max[r]);
+      d[r] = -delta[r] * c[r];
+    }
+  }
   for (int jj = 0; jj < 4; ++jj) {
     uint32_t bias[4];
     ldmatrix_x4(bias, bias_row + (((2 * jj + (m >> 1)) ^ (lane % 8)) * 16));
@@ -90,14 +100,15 @@ __device__ __forceinline__ void pair_bias_sums(float (&acc)[32], const float (&s
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * j + 2 * r;
         const float2 tb = unpack2<Element>(bias[(j & 1) * 2 + r]);
-        float x0 = score_log2(s[i], scale_log2, kb.x, tb.x) - row_max[r];
-        float x1 = score_log2(s[i + 1], scale_log2, kb.y, tb.y) - row_max[r];
-        if constexpr (kRecomputed) {
-          x0 -= log_sum[r];
-          x1 -= log_sum[r];
+        const float x0 = score_log2(s[i], scale_log2, kb.x, tb.x);
+        const float x1 = score_log2(s[i + 1], scale_log2, kb.y, tb.y);
+        if constexpr (kFactored) {
+          acc[i] = fmaf(exp2_approx(x0), fmaf(dp[i], c[r], d[r]), acc[i]);
+          acc[i + 1] = fmaf(exp2_approx(x1), fmaf(dp[i + 1], c[r], d[r]), acc[i + 1]);
+        } else {
+          acc[i] = fmaf(exp2_approx((x0 - row_max[r]) - log_sum[r]), dp[i] - delta[r], acc[i]);
+          acc[i + 1] = fmaf(exp2_approx((x1 - row_max[r]) - log_sum[r]), dp[i + 1] - delta[r], acc[i + 1]);
         }
-        acc[i] = fmaf(exp2_approx(x0), dp[i] - delta[r], acc[i]);
-        acc[i + 1] = fmaf(exp2_approx(x1), dp[i + 1] - delta[r], acc[i + 1]);
       }
     }
   }
@@ -279,11 +290,14 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
     }
     const uint32_t row = bias_row + buf * L::kBiasBytes + half * 8192;
     const float* key = reinterpret_cast<const float*>(smem + L::kKeyBias) + st * 128 + 64 * half;
-    // A recomputed row (row log-sum != 0, backend.h) among the warp's: the two-step exponent.
-    if (__any_sync(0xffffffffu, log_sum[0] != 0.0f || log_sum[1] != 0.0f)) {
-      pair_bias_sums<Element, true>(acc, s, dp, row, m, lane, key, row_max, log_sum, delta, p.scale_log2, t);
-    } else {
+    // A recomputed row (row log-sum != 0, backend.h) or a row max beyond +-64 (or NaN) among the
+    // warp's: the general form.
+    bool general = false;
+    for (int r = 0; r < 2; ++r) general |= log_sum[r] != 0.0f || !(fabsf(row_max[r]) <= 64.0f);
+    if (__any_sync(0xffffffffu, general)) {
       pair_bias_sums<Element, false>(acc, s, dp, row, m, lane, key, row_max, log_sum, delta, p.scale_log2, t);
+    } else {
+      pair_bias_sums<Element, true>(acc, s, dp, row, m, lane, key, row_max, log_sum, delta, p.scale_log2, t);
     }
   };
 
@@ -298,14 +312,14 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
   // back edge, a peeled last unit, an epilogue beside them) ptxas serialized every wgmma (C7514).
   issue(0, s0, dp0, 0);
   issue(0, s1, dp1, 1);
-  for (int it = 0; it < count; ++it) {
+  for (int it = 0, k = u0 % split.n; it < count; ++it) {  // k: unit u's place in its tile
     const int u = u0 + it, st = it % kS, next = it + 1 < count ? it + 1 : it;
     wgmma_wait<0>();
     fence_registers(s0);
     fence_registers(dp0);
     fence_registers(s1);
     fence_registers(dp1);
-    if (it == 0 || u % split.n == 0) {
+    if (it == 0 || k == 0) {
       mbarrier_wait(&bias_full[tiles & 1], (tiles >> 1) & 1);
       for (int i = 0; i < 32; ++i) acc0[i] = acc1[i] = 0.0f;
     }
@@ -317,7 +331,9 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
     fence_proxy_async();
     mbarrier_arrive(&empty[st]);
     issue(next, s1, dp1, 1);
-    if (it + 1 < count && (u + 1) % split.n != 0) continue;
+    const bool tile_ends = k + 1 == split.n;
+    k = tile_ends ? 0 : k + 1;
+    if (it + 1 < count && !tile_ends) continue;
 
     // epilogue: the tile's sums, to the gradient where this block holds all of its units, else
     // to this worker's piece
