@@ -74,8 +74,9 @@ struct PairBiasLayout {
 // acc += P (dP - Delta) of one thread's 32 scores of a 64-key half (queries g, g + 8 of its warp's
 // rows; keys 8j + 2t, + 1), x the score in the log2 domain. kFactored: P (dP - Delta) =
 // 2^x (c dP + d), c = 2^-m, d = -Delta c per row (one FFMA where x - m and dP - Delta took two
-// FADDs), for warps whose rows all have |m| <= 64 and no log-sum: 2^x then neither overflows nor
-// flushes a term above 2^-62. Otherwise P = 2^((x - row max) - row log-sum), as every kernel.
+// FADDs), for warps whose rows all have -32 <= m <= 64 and no log-sum: 2^x <= 2^m does not
+// overflow, c <= 2^32 leaves c dP finite up to |dP| of 2^96, and the terms 2^x flushes (x < -126)
+// have P < 2^-94. Otherwise P = 2^((x - row max) - row log-sum), as every kernel.
 // bias_row: the thread's ldmatrix row of the half's pair-bias box (m = lane / 8 its matrix), whose
 // 16 keys 16jj.. are read as they are used (register x4 m: row g + 8 (m & 1), keys
 // 16jj + 8 (m >> 1) + 2t, + 1); key: the half's key biases x log2 e; row_max, log_sum, delta: the
@@ -290,10 +291,10 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
     }
     const uint32_t row = bias_row + buf * L::kBiasBytes + half * 8192;
     const float* key = reinterpret_cast<const float*>(smem + L::kKeyBias) + st * 128 + 64 * half;
-    // A recomputed row (row log-sum != 0, backend.h) or a row max beyond +-64 (or NaN) among the
-    // warp's: the general form.
+    // A recomputed row (row log-sum != 0, backend.h) or a row max outside [-32, 64] (or NaN)
+    // among the warp's: the general form.
     bool general = false;
-    for (int r = 0; r < 2; ++r) general |= log_sum[r] != 0.0f || !(fabsf(row_max[r]) <= 64.0f);
+    for (int r = 0; r < 2; ++r) general |= log_sum[r] != 0.0f || !(row_max[r] >= -32.0f && row_max[r] <= 64.0f);
     if (__any_sync(0xffffffffu, general)) {
       pair_bias_sums<Element, false>(acc, s, dp, row, m, lane, key, row_max, log_sum, delta, p.scale_log2, t);
     } else {
