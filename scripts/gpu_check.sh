@@ -7,6 +7,10 @@
 #   usage: scripts/gpu_check.sh [all|build|test|hopper|sanitize|bench|python|overhead]...
 #   (default: all; `hopper`, not in all: the Hopper family's cases alone, sharded, in a few
 #   minutes where `test` takes the whole suite's six or seven)
+#   PREBUILT=dir: take the test binary and the CLI from dir (scripts/prebuild_gpu.sh makes it on
+#   a machine without a GPU) instead of building here, for `hopper`, `sanitize` and `bench`: a
+#   GPU machine's build is a minute or more of its time. Not for `test`: ctest's files name the
+#   building machine's paths.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT"
@@ -14,10 +18,20 @@ BUILD=${BUILD:-/tmp/evoattn-gpu-build}
 steps=${*:-all}
 want() { [[ " $steps " == *" all "* || " $steps " == *" $1 "* ]]; }
 status=0
+if [ -n "${PREBUILT:-}" ]; then
+  BUILD=$PREBUILT
+  for bin in tests/cpp/evoattn_tests tools/cli/evoattn; do
+    [ -x "$BUILD/$bin" ] || { echo "PREBUILT=$PREBUILT has no $bin (scripts/prebuild_gpu.sh makes it)"; exit 1; }
+  done
+  if want test || want build; then
+    echo "PREBUILT: the steps build and test need a build on this machine; run hopper, sanitize, bench"
+    exit 1
+  fi
+fi
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
 
-if want build || want test || want hopper || want sanitize || want bench; then
+if [ -z "${PREBUILT:-}" ] && { want build || want test || want hopper || want sanitize || want bench; }; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVOATTN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
