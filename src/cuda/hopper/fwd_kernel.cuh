@@ -11,9 +11,10 @@
 //             -inf past Lk
 //   warpgroups 1.., the consumers (kConsumerRegisters): one 64-row query tile each;
 //   for each key tile:
-//     mainloop  S = Q K^T                       (wgmma; Q, K from shared memory)
-//     softmax   x = S scale log2 e + key bias + tile bias log2 e  (score_log2, as every kernel)
-//               m: a lazy reference max (RowSoftmax); P = 2^(x - m); l += rowsum P
+//     mainloop  y = (key bias + tile bias) / scale + Q K^T   (init_scores, then wgmma; Q, K
+//               from shared memory): x = y scale log2 e is every kernel's score_log2
+//     softmax   m: a lazy reference max of x (RowSoftmax, taken on y: scale > 0);
+//               P = 2^(y scale log2 e - m), one FFMA in the exponent; l += rowsum P
 //     mainloop  O += P V                        (wgmma; P from registers, V transposed)
 //               release the stage (every consumer thread)
 //   epilogue  O /= l; LSE = (m + log2 l) ln 2   (l = 0: a fully masked row, O = 0, LSE = -inf)
@@ -59,51 +60,54 @@ struct FwdLayout {
   static constexpr int kKeyBias = kTile + kStages * kConsumers * kBiasTileBytes;
   static constexpr int kBarriers = kKeyBias + kStages * kRows * 4;
   static constexpr int kBytes = kBarriers + (2 + 2 * kStages) * 8 + 1024;
-  static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0, "swizzle atoms stay aligned");
+  static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0 && kTile % 1024 == 0, "swizzle atoms stay aligned");
   static_assert(kBytes == fwd_smem_bytes(kHeadDim, kConsumers), "fwd_plan.h counts this layout");
   static_assert(kConsumers == 2 || (kConsumers == 3 && kConsumers <= fwd_max_consumers(kHeadDim)), "consumers");
   static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128, "head-dim buckets");
 };
 
 
-// The tile's log2-domain scores from the accumulators of S = Q K^T, the stage's key biases (x log2 e
-// already) and, with a tile bias, its box at shared address `tile` (128-byte swizzled rows, read by
-// ldmatrix at this thread's offsets tile_offsets(), the same in every box).
+// The tile's accumulators before S = Q K^T adds to them: the biases in the units of Q.K, key bias
+// (the stage's, already over the scale) plus tile bias / scale, from its box at shared address
+// `tile` (128-byte swizzled rows, read by ldmatrix at this thread's offset tile_offset(), the
+// same in every box). The wgmma then leaves y = Q.K + bias / scale, and the softmax takes
+// x = y scale log2 e with one FFMA in the exponent: a score costs the unpack and one FFMA here.
 template <typename Element, bool kTileBias>
-__device__ __forceinline__ void scores(float (&x)[32], const float (&s_acc)[32], const float* key_bias,
-                                       uint32_t tile, const uint32_t (&offsets)[4], float scale_log2, int lane) {
+__device__ __forceinline__ void init_scores(float (&s_acc)[32], const float* key_bias, uint32_t tile,
+                                            uint32_t offset, float inv_scale, int lane) {
   const int t = lane % 4;
   if constexpr (kTileBias) {
     for (int kp = 0; kp < 4; ++kp) {  // keys 16 kp .. 16 kp + 15
       uint32_t r[4];
-      ldmatrix_x4(r, tile + offsets[kp]);
+      ldmatrix_x4(r, (tile + offset) ^ (kp << 5));  // tile_offset() says why
       for (int half = 0; half < 2; ++half) {  // column tiles 2 kp, 2 kp + 1
         const int j = 2 * kp + half;
         const float2 key = *reinterpret_cast<const float2*>(key_bias + 8 * j + 2 * t);
         const float2 lo = unpack2<Element>(r[2 * half]), hi = unpack2<Element>(r[2 * half + 1]);
-        x[4 * j + 0] = score_log2(s_acc[4 * j + 0], scale_log2, key.x, lo.x);
-        x[4 * j + 1] = score_log2(s_acc[4 * j + 1], scale_log2, key.y, lo.y);
-        x[4 * j + 2] = score_log2(s_acc[4 * j + 2], scale_log2, key.x, hi.x);
-        x[4 * j + 3] = score_log2(s_acc[4 * j + 3], scale_log2, key.y, hi.y);
+        s_acc[4 * j + 0] = fmaf(lo.x, inv_scale, key.x);
+        s_acc[4 * j + 1] = fmaf(lo.y, inv_scale, key.y);
+        s_acc[4 * j + 2] = fmaf(hi.x, inv_scale, key.x);
+        s_acc[4 * j + 3] = fmaf(hi.y, inv_scale, key.y);
       }
     }
   } else {
     for (int j = 0; j < 8; ++j) {
       const float2 key = *reinterpret_cast<const float2*>(key_bias + 8 * j + 2 * t);
-      x[4 * j + 0] = score_log2(s_acc[4 * j + 0], scale_log2, key.x);
-      x[4 * j + 1] = score_log2(s_acc[4 * j + 1], scale_log2, key.y);
-      x[4 * j + 2] = score_log2(s_acc[4 * j + 2], scale_log2, key.x);
-      x[4 * j + 3] = score_log2(s_acc[4 * j + 3], scale_log2, key.y);
+      s_acc[4 * j + 0] = key.x;
+      s_acc[4 * j + 1] = key.y;
+      s_acc[4 * j + 2] = key.x;
+      s_acc[4 * j + 3] = key.y;
     }
   }
 }
 
-// This thread's ldmatrix offsets in a 64 x 64 bias box (128-byte rows, 16-byte chunks swizzled by
-// the row's low three bits), keys 16 kp .. 16 kp + 15 of its warp's 16 rows: the same in every box,
-// so they are computed once.
-__device__ __forceinline__ void tile_offsets(uint32_t (&offsets)[4], int w, int lane) {
+// This thread's ldmatrix offset in a 64 x 64 bias box (128-byte rows, 16-byte chunks swizzled by
+// the row's low three bits) for keys 0 .. 15 of its warp's 16 rows. Keys 16 kp .. are at chunk
+// (2 kp + hi) ^ (row & 7) = (hi ^ (row & 7)) ^ 2 kp: the offset XOR 32 kp, and as the box's base is
+// 1024-byte aligned, the address XOR 32 kp.
+__device__ __forceinline__ uint32_t tile_offset(int w, int lane) {
   const int row = 16 * w + (lane & 7) + 8 * ((lane >> 3) & 1);
-  for (int kp = 0; kp < 4; ++kp) offsets[kp] = row * 128 + (((2 * kp + (lane >> 4)) ^ (row & 7)) * 16);
+  return row * 128 + (((lane >> 4) ^ (row & 7)) * 16);
 }
 
 // An item's coordinates: kBlockRows query rows from q_block, of one (b, n, h); q-blocks vary
@@ -191,9 +195,11 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
         }
       }
     } else if (warp == 1) {
-      // The key biases, a ring's worth of tiles loaded at once, the next group's loads in flight
-      // while this group's values wait for their stages.
-      constexpr int kGroup = L::kStages;
+      // The key biases, a group of tiles loaded at once, the next group's loads in flight while
+      // this group's values wait for their stages: a ring's worth with three consumers, two tiles
+      // with two (whose larger consumer budget left the producer's 64 registers one short at four:
+      // ptxas spilled).
+      constexpr int kGroup = L::kConsumers == 3 ? L::kStages : 2;
       uint32_t it0 = 0;
       for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, it0 += plan.k_tiles) {
         const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
@@ -202,7 +208,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
         for (int j0 = 0; j0 < plan.k_tiles; j0 += kGroup) {
           float cur[kGroup][2];
           for (int t = 0; t < kGroup; ++t)
-            for (int i = 0; i < 2; ++i) cur[t][i] = next[t][i] * kLog2e;  // -inf stays -inf
+            for (int i = 0; i < 2; ++i) cur[t][i] = next[t][i];
           if (j0 + kGroup < plan.k_tiles) {
             load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n, x.h,
                                              j0 + kGroup, lane);
@@ -210,8 +216,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
           for (int t = 0; t < kGroup && j0 + t < plan.k_tiles; ++t) {
             const uint32_t it = it0 + j0 + t, s = it % L::kStages;
             if (it >= L::kStages) mbarrier_wait_suspend(&empty[s], (it / L::kStages - 1) & 1);
-            key_bias[s * L::kRows + lane] = cur[t][0];
-            key_bias[s * L::kRows + lane + 32] = cur[t][1];
+            key_bias[s * L::kRows + lane] = cur[t][0] * plan.inv_scale;  // -inf stays -inf
+            key_bias[s * L::kRows + lane + 32] = cur[t][1] * plan.inv_scale;
             mbarrier_arrive(&full[s]);
           }
         }
@@ -225,16 +231,14 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   const int c = wg - 1, w = warp % 4, g = lane / 4, t = lane % 4;
   const uint8_t* q_tile = smem + L::kQ + c * L::kSeqTileBytes;
   float acc_o[kHeadDim / 2];
-  float s_acc[32];
-  for (int i = 0; i < 32; ++i) s_acc[i] = 0.0f;
+  float s_acc[32];  // y = Q.K + bias / scale of a 64 x 64 tile (init_scores, then the wgmma)
   // P of the tiles in turn in two register sets: tile j's is written while tile j - 1's P V
   // still reads the other (one set would serialize the wgmma: ptxas C7513).
   uint32_t pa[2][4][4];
   RowSoftmax softmax;
   uint32_t it0 = 0;
   const uint32_t tile_base = smem_addr(smem + L::kTile);
-  uint32_t offsets[4];
-  tile_offsets(offsets, w, lane);
+  const uint32_t offset = tile_offset(w, lane);
 
   // The descriptors of Q and of stage 0's K and V; a stage or a k-step adds its offset (16-byte
   // units) to the start address field, which no tile in the 227 KB window overflows.
@@ -242,13 +246,22 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   const uint64_t k_desc = smem_desc<L::kRowBytes>(smem + L::kK, 16, 8 * L::kRowBytes);
   const uint64_t v_desc = smem_desc<L::kRowBytes>(smem + L::kV, L::kChunkBytes, 8 * L::kRowBytes);
   auto stage_of = [&](int j) { return (it0 + j) % L::kStages; };
-  // mainloop, S = Q K^T of the item's key tile j (issued, not waited for)
+  // mainloop, S = Q K^T of the item's key tile j, its accumulators started at the biases
+  // (issued, not waited for)
   auto issue_qk = [&](int j) {
-    const uint64_t k_stage = k_desc + stage_of(j) * (L::kSeqTileBytes >> 4);
+    const uint32_t s = stage_of(j);
+    if (plan.has_tile) {
+      init_scores<Element, true>(s_acc, key_bias + s * L::kRows,
+                                 tile_base + (s * L::kConsumers + c) * L::kBiasTileBytes, offset, plan.inv_scale, lane);
+    } else {
+      init_scores<Element, false>(s_acc, key_bias + s * L::kRows, 0, 0, plan.inv_scale, lane);
+    }
+    wgmma_fence();
+    const uint64_t k_stage = k_desc + s * (L::kSeqTileBytes >> 4);
     for (int ch = 0; ch < L::kChunks; ++ch) {
       for (int kk = 0; kk < L::kChunk / 16; ++kk) {
         const int off = (ch * L::kChunkBytes + kk * 32) >> 4;
-        wgmma_ss<Element, 64>(s_acc, q_desc + off, k_stage + off, ch + kk > 0);
+        wgmma_ss<Element, 64>(s_acc, q_desc + off, k_stage + off, 1);
       }
     }
     wgmma_commit();
@@ -259,18 +272,11 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, kHeadDim>(acc_o, p_tile[kp], v_stage + ((kp * 16 * L::kRowBytes) >> 4), 1);
     wgmma_commit();
   };
-  // softmax of key tile j, whose S has landed in s_acc, into P; returns whether O needs a rescale
+  // softmax of key tile j, whose scores have landed in s_acc, into P; returns whether O needs a
+  // rescale
   auto softmax_tile = [&](int j, uint32_t (&p_tile)[4][4]) {
-    const uint32_t s = stage_of(j);
-    float x[32];
-    if (plan.has_tile) {
-      scores<Element, true>(x, s_acc, key_bias + s * L::kRows, tile_base + (s * L::kConsumers + c) * L::kBiasTileBytes,
-                            offsets, p.scale_log2, lane);
-    } else {
-      scores<Element, false>(x, s_acc, key_bias + s * L::kRows, 0, offsets, p.scale_log2, lane);
-    }
-    const bool moved = softmax.update(x, j == 0);
-    softmax.exponentiate<Element>(x, p_tile);
+    const bool moved = softmax.update(s_acc, p.scale_log2, j == 0);
+    softmax.exponentiate<Element>(s_acc, p.scale_log2, p_tile);
     return moved;
   };
   // A release of shared memory this thread read (a stage, or Q), by every consumer thread: each
@@ -289,7 +295,6 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   // that P V does; O's rescale waits for it. Q is released after the item's last QK^T.
   auto step = [&](int j, const uint32_t (&p_prev)[4][4], uint32_t (&p_next)[4][4]) {
     wait_full(j);
-    wgmma_fence();
     issue_qk(j);
     issue_pv(j - 1, p_prev);
     wgmma_wait<1>();
@@ -321,7 +326,6 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     softmax = RowSoftmax{};
     mbarrier_wait(q_full, local & 1);
     wait_full(0);
-    wgmma_fence();
     issue_qk(0);
     wgmma_wait<0>();
     fence_registers(s_acc);

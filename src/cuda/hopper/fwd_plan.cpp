@@ -44,7 +44,7 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   return false;
 #else
   const Family family = requested_family();
-  if (family == Family::kPortable || p.D > kMaxHeadDim) return false;
+  if (family == Family::kPortable || p.D > kMaxHeadDim || !(p.scale >= kFwdMinScale)) return false;
   const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers_for(bucket, p.Lq);
   const int64_t items = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
   if (items >= (int64_t{1} << 31)) return false;
@@ -82,6 +82,7 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
   out->key_slots = plan.key_slots;
   out->key_single_slot = plan.key_single_slot >= 0 && plan.key_single.dtype == p.dtype ? plan.key_single_slot : -1;
   out->pairs_o = plan.pairs_o;
+  out->inv_scale = static_cast<float>(1.0 / static_cast<double>(p.scale));
   return cudaSuccess;
 }
 

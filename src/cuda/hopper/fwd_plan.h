@@ -39,7 +39,14 @@ struct FwdPlan {
   bool has_tile;       // one tile bias, copied by TMA
   bool tile_varies_b, tile_varies_n, tile_varies_h;
   bool pairs_o;        // 4-byte stores of O's element pairs
+  float inv_scale;     // 1 / scale: the biases in the units of Q.K, where the scores start (fwd_kernel.cuh)
 };
+
+// The smallest scale the Hopper forward takes: it starts each score's accumulator at the biases
+// divided by the scale (fwd_kernel.cuh), and takes its row maxima before the scale, so the scale
+// must be positive, and large enough that a bias over it stays far from float32's range
+// (|bias| < 2^111). Other finite scales go to the portable forward.
+constexpr float kFwdMinScale = 1.0f / 65536.0f;
 
 // The kernel family a call asks for: the environment variable EVOATTN_KERNEL_FAMILY, read at
 // every call, "hopper" or "portable"; unset, empty or "auto" picks per call what measured faster
@@ -59,7 +66,8 @@ constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64
 // Whether the Hopper forward takes this float16 / bfloat16 call: the library was built with the
 // Hopper family, the current device has compute capability 9.x, the family asked for is hopper
 // (or auto, where fwd_auto_prefers_hopper), Q, K, V and the tile bias (if any: at most one, the
-// fast tile) are laid out as TMA takes them, O has unit stride along D, and the grid fits.
+// fast tile) are laid out as TMA takes them, O has unit stride along D, the scale is at least
+// kFwdMinScale, and the grid fits.
 bool fwd_usable(const FwdParams& p, const LaunchPlan& plan);
 
 // The SM count of `device` where it is a GPU of compute capability 9.x and the driver encodes

@@ -1,6 +1,8 @@
 // The Hopper forward's online softmax (log2 domain, float32) for one consumer thread's two rows
 // of a 64 x 64 score tile in the wgmma C layout: rows g and g + 8 of its warp's 16 (r = 0, 1),
-// 16 keys each (x[4j + 2r], x[4j + 2r + 1], j = 0..7). The same lazy rescale as the portable
+// 16 keys each (y[4j + 2r], y[4j + 2r + 1], j = 0..7). It takes the scores before their scale,
+// y = x / (scale log2 e) with scale > 0 (fwd_kernel.cuh), so a score's exponent is one FFMA,
+// y c - m with c = scale log2 e; the maxima are taken on y and scaled once a row. The same lazy rescale as the portable
 // kernels (online_softmax_lazy, FlashAttention-4's rescale skipping), split in two so the
 // rescale of O can wait for the P V product still running on it: update() moves the reference
 // maxima and rescales the row sums; rescale() applies the same factors to O afterwards.
@@ -18,14 +20,16 @@ struct RowSoftmax {
   float alpha[2] = {1.0f, 1.0f};              // the factors of the last update that moved
   float m_use[2] = {0.0f, 0.0f};              // the max to exponentiate against (0 while masked)
 
-  // Takes a tile's scores; returns whether any row of the warp moved its reference (warp-uniform),
-  // so O needs rescale(). `first`: the item's first tile (O and the sums are still zero).
-  __device__ __forceinline__ bool update(const float (&x)[32], bool first) {
-    float local[2] = {neg_inf(), neg_inf()};
-    for (int j = 0; j < 8; ++j) {
-      local[0] = fmaxf(local[0], fmaxf(x[4 * j], x[4 * j + 1]));
-      local[1] = fmaxf(local[1], fmaxf(x[4 * j + 2], x[4 * j + 3]));
+  // Takes a tile's scores y and c; returns whether any row of the warp moved its reference
+  // (warp-uniform), so O needs rescale(). `first`: the item's first tile (O and the sums are
+  // still zero).
+  __device__ __forceinline__ bool update(const float (&y)[32], float c, bool first) {
+    float local[2] = {fmaxf(y[0], y[1]), fmaxf(y[2], y[3])};
+    for (int j = 1; j < 8; ++j) {
+      local[0] = fmaxf(local[0], fmaxf(y[4 * j], y[4 * j + 1]));
+      local[1] = fmaxf(local[1], fmaxf(y[4 * j + 2], y[4 * j + 3]));
     }
+    for (int r = 0; r < 2; ++r) local[r] *= c;  // c > 0: the max of x; -inf stays -inf
     bool moved = false;
     if (first) {
       for (int r = 0; r < 2; ++r) row_max[r] = quad_max(local[r]);
@@ -48,14 +52,15 @@ struct RowSoftmax {
     return moved;
   }
 
-  // P = 2^(x - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the rows.
+  // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the
+  // rows.
   template <typename Element>
-  __device__ __forceinline__ void exponentiate(const float (&x)[32], uint32_t (&pa)[4][4]) {
+  __device__ __forceinline__ void exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
     for (int kp = 0; kp < 4; ++kp) {
       float e[8];
       for (int i = 0; i < 8; ++i) {
         const int r = (i >> 1) & 1;
-        e[i] = exp2_approx(x[8 * kp + i] - m_use[r]);
+        e[i] = exp2_approx(fmaf(y[8 * kp + i], c, -m_use[r]));
         row_sum[r] += e[i];
       }
       for (int i = 0; i < 4; ++i) pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
