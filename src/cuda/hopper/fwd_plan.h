@@ -55,12 +55,14 @@ enum class Family { kAuto, kHopper, kPortable };
 Family requested_family();
 
 // The automatic choice between the forwards on a 9.x GPU: the Hopper one where it measured faster
-// than the portable one (docs/perf/log.md v37: tri768, msacol and b4tri384, 8-14% faster): head
-// dims 17-32 with three consumer warpgroups (Lq fills 192-row blocks) and work items enough to
-// keep every SM's block busy a while (4 a block). It is slower at the other suite shapes: at
-// head dims 8-16 and 64, with two consumers (Lq = 256), and with few items (apb768: 64 items).
-constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64_t items, int sms) {
-  return head_dim_bucket == 32 && consumers == 3 && items >= int64_t{4} * sms;
+// than the portable one (docs/perf/log.md v43), given work items enough to keep every SM's block
+// busy a while (4 a block; apb768's 64 items were 8% slower): three consumer warpgroups at every
+// head-dim bucket they exist for (16, 32, 64; 3-26% faster), and two at bucket 32 from Lq = 256
+// (msarow 6% faster, tri256 level; Lq = 128 was 7% slower). Two consumers at buckets 16 and 64
+// were slower or level (template 19% slower, tri256d64 level): the portable forward.
+constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64_t Lq, int64_t items, int sms) {
+  if (items < int64_t{4} * sms) return false;
+  return consumers == 3 || (head_dim_bucket == 32 && Lq >= 256);
 }
 
 // Whether the Hopper forward takes this float16 / bfloat16 call: the library was built with the
