@@ -4,8 +4,12 @@
 # suite, and the Python package (the wheel of scripts/build_wheel.sh installed into a clean
 # folder, pytest with torch and jax on the GPU and nvcc off the PATH; the host-overhead bench).
 # Results go to $OUT (the device tool's folder) or ./gpu-results.
-#   usage: scripts/gpu_check.sh [all|build|test|hopper|sanitize|bench|python|overhead]...
-#   (default: all; `hopper`, not in all: the Hopper family's cases alone, sharded, in a few
+#   usage: scripts/gpu_check.sh [all|build|test|hopper|sanitize|sanitize-grid|sanitize-hopper|
+#                               bench|python|overhead]...
+#   (default: all; `sanitize` is `sanitize-grid` (the default grid: about 9 minutes on an H200,
+#   memcheck 3 and racecheck 6) and then `sanitize-hopper` (the Hopper family's grid), which a
+#   device call of 10 minutes cannot hold together; `hopper`, not in all: the Hopper family's
+#   cases alone, sharded, in a few
 #   minutes where `test` takes the whole suite's six or seven)
 #   PREBUILT=dir: take the test binary and the CLI from dir (scripts/prebuild_gpu.sh makes it on
 #   a machine without a GPU) instead of building here, for `hopper`, `sanitize` and `bench`: a
@@ -31,7 +35,8 @@ fi
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
 
-if [ -z "${PREBUILT:-}" ] && { want build || want test || want hopper || want sanitize || want bench; }; then
+if [ -z "${PREBUILT:-}" ] && { want build || want test || want hopper || want sanitize || want sanitize-grid ||
+                                want sanitize-hopper || want bench; }; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVOATTN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
@@ -67,7 +72,8 @@ if [[ " $steps " == *" hopper "* ]]; then
   [ -z "$failed" ] || { echo "$failed"; status=1; }
 fi
 
-if want sanitize; then
+tests="$BUILD/tests/cpp/evoattn_tests"
+if want sanitize || want sanitize-grid; then
   # A reduced GPU grid: the cuda instances of the forward/backward grid and the mask tests,
   # one forward with enough items to share a double-buffered pair-bias tile, and backwards
   # whose dK/dV kernel computes dQ (B1N64H4 also runs one), the three-group forward at head
@@ -88,7 +94,6 @@ if want sanitize; then
   # thread with -1e9 rows recomputed (B1N64H4 Lq65Lk128 D64), infinite and -1e9 pair biases,
   # the TF32 forward, the TMA forward against the cp.async one (its partial tiles at D 64
   # and 48), and the float32 row statistics of one-hot rows (simt::stats_kernel).
-  tests="$BUILD/tests/cpp/evoattn_tests"
   filter='*cuda_bf16*Lq17*:*cuda_fp16*Lq2Lk2*:*cuda_fp32*Lq17Lk17*:*cuda_bf16_B1N64H4_Lq130Lk136*:*cuda_bf16_B1N128H2_Lq40Lk200*:*cuda_bf16_B2N2H1_Lq65Lk200_D64*:*cuda_bf16_B1N130H2_Lq70Lk136_D64*:*cuda_bf16_B1N65H8_Lq70Lk64_D64*:*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*cuda_bf16_B1N513H1_*:*cuda_bf16_B1N529H1_*:*cuda_bf16_B1N256H2_Lq70Lk72_D24*:*cuda_bf16_B2N3H2_Lq70Lk72_D32*reversed*:*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*cuda_bf16_B2N1H2_Lq136Lk72*:*cuda_bf16_B2N1H2_Lq80Lk136_D24*:*cuda_bf16_B2N1H2_Lq80Lk128_D24*:*cuda_bf16_B1N64H4_Lq40Lk392*:*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*cuda_fp16_B1N128H2_Lq70Lk200_D24*:*cuda_bf16_B1N16H2_Lq100Lk240*:*cuda_bf16_B1N4H2_Lq100Lk240_D48*:*cuda_bf16_B1N32H8_Lq40Lk200_D64*:*cuda_bf16_B1N64H4_Lq70Lk200_D48*:*cuda_bf16_B1N64H4_Lq66Lk384_D64*:*cuda_bf16_B1N8H2_Lq64Lk64_D64*:*cuda_bf16_B1N64H4_Lq65Lk128_D64*rows1e9*:*cuda_*pairinf*:*cuda_*pair1e9*:*Tf32*cuda*:*Determinism*Tma*cuda*:*ExtremeLogits*cuda_fp32*onehot*'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" --gtest_filter="$filter" \
@@ -97,11 +102,14 @@ if want sanitize; then
     echo "compute-sanitizer $tool: rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/sanitizer_$tool.log") tests, $(grep -E 'SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
     [ $rc -eq 0 ] || status=1
   done
+fi
+if want sanitize || want sanitize-hopper; then
   # The Hopper family (EVOATTN_KERNEL_FAMILY=hopper): the forward at every head-dim bucket,
-  # partial tiles, with and without a pair bias, and the forward family tests; the backward
+  # partial tiles, with and without a pair bias, with -inf pair biases, and the forward family
+  # tests; the backward
   # (head-dim buckets 16 and 32; TMA-legal pair-bias rows) with partial query and key tiles, one
   # to four key blocks, D 8, 16, 24 and 32; the pair-bias gradient's kernel over its splits.
-  hopper_filter='KernelFamily.HopperPairBias*:*Forward*cuda_bf16*Lq17*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*'
+  hopper_filter='KernelFamily.HopperPairBias*:*Forward*cuda_bf16*Lq17*:*BiasesAndMasks*cuda_bf16*pairinf*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*'
   for tool in memcheck racecheck; do
     EVOATTN_KERNEL_FAMILY=hopper compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" \
       --gtest_filter="$hopper_filter" > "$OUT/sanitizer_hopper_$tool.log" 2>&1
