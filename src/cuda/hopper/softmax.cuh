@@ -2,10 +2,11 @@
 // of a 64 x 64 score tile in the wgmma C layout: rows g and g + 8 of its warp's 16 (r = 0, 1),
 // 16 keys each (y[4j + 2r], y[4j + 2r + 1], j = 0..7). It takes the scores before their scale,
 // y = x / (scale log2 e) with scale > 0 (fwd_kernel.cuh), so a score's exponent is one FFMA,
-// y c - m with c = scale log2 e; the maxima are taken on y and scaled once a row. The same lazy rescale as the portable
-// kernels (online_softmax_lazy, FlashAttention-4's rescale skipping), split in two so the
-// rescale of O can wait for the P V product still running on it: update() moves the reference
-// maxima and rescales the row sums; rescale() applies the same factors to O afterwards.
+// y c - m with c = scale log2 e; the maxima are taken on y and scaled once a row. The same lazy
+// rescale as the portable kernels (online_softmax_lazy, FlashAttention-4's rescale skipping),
+// split in two so the rescale of O can wait for the P V product still running on it: update()
+// moves the reference maxima and rescales the row sums; rescale() applies the same factors to O
+// afterwards.
 #pragma once
 
 #include "cuda/common/element.cuh"
