@@ -9,8 +9,7 @@
 #   (default: all; `sanitize` is `sanitize-grid` (the default grid: about 9 minutes on an H200,
 #   memcheck 3 and racecheck 6) and then `sanitize-hopper` (the Hopper family's grid), which a
 #   device call of 10 minutes cannot hold together; `hopper`, not in all: the Hopper family's
-#   cases alone, sharded, in a few
-#   minutes where `test` takes the whole suite's six or seven)
+#   cases alone, sharded, in a few minutes where `test` takes the whole suite's six or seven)
 #   PREBUILT=dir: take the test binary and the CLI from dir (scripts/prebuild_gpu.sh makes it on
 #   a machine without a GPU) instead of building here, for `hopper`, `sanitize` and `bench`: a
 #   GPU machine's build is a minute or more of its time. Not for `test`: ctest's files name the
@@ -106,9 +105,9 @@ fi
 if want sanitize || want sanitize-hopper; then
   # The Hopper family (EVOATTN_KERNEL_FAMILY=hopper): the forward at every head-dim bucket,
   # partial tiles, with and without a pair bias, with -inf pair biases, and the forward family
-  # tests; the backward
-  # (head-dim buckets 16 and 32; TMA-legal pair-bias rows) with partial query and key tiles, one
-  # to four key blocks, D 8, 16, 24 and 32; the pair-bias gradient's kernel over its splits.
+  # tests; the backward (head-dim buckets 16 and 32; TMA-legal pair-bias rows) with partial query
+  # and key tiles, one to four key blocks, D 8, 16, 24 and 32; the pair-bias gradient's kernel
+  # over its splits.
   hopper_filter='KernelFamily.HopperPairBias*:*Forward*cuda_bf16*Lq17*:*BiasesAndMasks*cuda_bf16*pairinf*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*'
   for tool in memcheck racecheck; do
     EVOATTN_KERNEL_FAMILY=hopper compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" \

@@ -7,8 +7,8 @@
 //     warp 0: each item's Q by TMA once the consumers released the last one (q_empty); then per
 //             key tile K, V and each consumer's tile-bias box by TMA into a stage of a kStages
 //             ring (full / empty mbarriers)
-//     warp 1: the key tile's key biases into the same stage: every key slot summed, x log2 e;
-//             -inf past Lk
+//     warp 1: the key tile's key biases into the same stage: every key slot summed, over the
+//             scale (the units of Q.K, where init_scores starts the scores); -inf past Lk
 //   warpgroups 1.., the consumers (kConsumerRegisters): one 64-row query tile each;
 //   for each key tile:
 //     mainloop  y = (key bias + tile bias) / scale + Q K^T   (init_scores, then wgmma; Q, K
