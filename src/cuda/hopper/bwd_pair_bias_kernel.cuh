@@ -374,36 +374,43 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
   wgmma_wait<0>();
 }
 
-// The tiles two or more workers share: their pieces summed in worker order, to the gradient. A
-// block a tile (most return at once), four consecutive keys a thread per pass. (A template only so
-// that each instantiation file's copy is inline, as the kernel's.)
+// Blocks of the reduce kernel a tile: 16, each a 1024-float slice (one float4 a thread).
+constexpr int kPairBiasReduceSlices = 16;
+
+// The tiles two or more workers share: their pieces summed in worker order, to the gradient.
+// kPairBiasReduceSlices blocks a tile (most return at once: enough blocks to fill the GPU where
+// the tiles are few), four consecutive keys a thread, the pieces' loads unrolled so several are
+// in flight. (A template only so that each instantiation file's copy is inline, as the
+// kernel's.)
 template <typename Element>
 __global__ void __launch_bounds__(256) pair_bias_reduce_kernel(const __grid_constant__ BwdParams p,
                                                                const __grid_constant__ PairBiasTask task) {
   start_after_previous_grid();
   const PairBiasSplit& split = task.split;
-  const int tile = blockIdx.x;
+  const int tile = blockIdx.x / kPairBiasReduceSlices;
   const int first = split.worker_of(tile * split.n), last = split.worker_of((tile + 1) * split.n - 1);
   if (first == last) return;
   const int kb = tile % split.k_blocks, qb = (tile / split.k_blocks) % split.q_blocks;
   const int64_t bh = tile / (split.k_blocks * split.q_blocks);
   const BiasGradParams& gp = p.dbias[task.grad_slot];
   const int64_t base = (bh / p.H) * gp.stride.b + (bh % p.H) * gp.stride.h;
-  for (int e = 4 * threadIdx.x; e < 128 * 128; e += 4 * 256) {
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int g = first; g <= last; ++g) {
-      const float4 v = *reinterpret_cast<const float4*>(task.partials + split.piece_slot(g, tile) * (128 * 128) + e);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
-    const int64_t q = int64_t{qb} * 128 + e / 128, k0 = int64_t{kb} * 128 + e % 128;
-    if (q >= p.Lq) continue;
-    const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
-    for (int i = 0; i < 4; ++i) {
-      if (k0 + i < p.Lk) store_any(gp.ptr, gp.dtype, base + q * gp.stride.q + (k0 + i) * gp.stride.k, vals[i]);
-    }
+  static_assert(128 * 128 == kPairBiasReduceSlices * 4 * 256, "one float4 a thread");
+  const int e = (blockIdx.x % kPairBiasReduceSlices) * 1024 + 4 * threadIdx.x;
+  const float* piece = task.partials + e;
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int g = first; g <= last; ++g) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(piece + split.piece_slot(g, tile) * (128 * 128)));
+    sum.x += v.x;
+    sum.y += v.y;
+    sum.z += v.z;
+    sum.w += v.w;
+  }
+  const int64_t q = int64_t{qb} * 128 + e / 128, k0 = int64_t{kb} * 128 + e % 128;
+  if (q >= p.Lq) return;
+  const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
+  for (int i = 0; i < 4; ++i) {
+    if (k0 + i < p.Lk) store_any(gp.ptr, gp.dtype, base + q * gp.stride.q + (k0 + i) * gp.stride.k, vals[i]);
   }
 }
 
@@ -419,7 +426,8 @@ cudaError_t run_bwd_pair_bias(const BwdParams& p, const BwdPlan& plan, const Pai
   if (cudaError_t e = launch_kernel(kernel, static_cast<size_t>(s.workers), L::kThreads, bytes, stream, plan, p, task)) {
     return e;
   }
-  return launch_kernel(pair_bias_reduce_kernel<Element>, static_cast<size_t>(s.units / s.n), 256, 0, stream, p, task);
+  return launch_kernel(pair_bias_reduce_kernel<Element>, static_cast<size_t>(s.units / s.n) * kPairBiasReduceSlices, 256, 0,
+                       stream, p, task);
 }
 
 }  // namespace evoattn::cuda::hopper

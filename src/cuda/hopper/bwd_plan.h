@@ -61,13 +61,12 @@ constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk) {
   return fits && bwd_key_blocks(3, Lk) * 192 <= bwd_key_blocks(2, Lk) * 128 ? 3 : 2;
 }
 
-// The automatic choice between the backwards on a 9.x GPU (docs/perf/log.md v39): the Hopper
-// one where it measured faster, with (b, n, h) enough to give every SM several (apb768's 16 ran
-// slower): at head dims 17-32 from Lq = 256 (every other bucket-32 suite shape), at 8-16 from
-// Lq = 384 (extramsa 10% faster; template, Lq = 256, as fast as the portable one).
+// The automatic choice between the backwards on a 9.x GPU (docs/perf/log.md v39, v44): the
+// Hopper one where it measured faster, with (b, n, h) enough to give every SM several (apb768's
+// 16 ran slower): at head dims 8-32 from Lq = 256 (every bucket-32 and -16 suite shape but
+// apb768; template with the Hopper pair-bias pass beside it).
 constexpr bool bwd_auto_prefers_hopper(int head_dim_bucket, int64_t Lq, int64_t items, int sms) {
-  const int64_t min_lq = head_dim_bucket == 32 ? 256 : head_dim_bucket == 16 ? 384 : INT64_MAX;
-  return Lq >= min_lq && items >= int64_t{4} * sms;
+  return (head_dim_bucket == 16 || head_dim_bucket == 32) && Lq >= 256 && items >= int64_t{4} * sms;
 }
 
 // Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library
@@ -131,10 +130,10 @@ struct PairBiasTask {
 };
 
 // Whether the automatic choice takes the Hopper pair-bias kernel for a gradient of `tiles`
-// 128 x 128 tiles (B H ceil(Lq / 128) ceil(Lk / 128)): where they are half its workers or more, so
-// that most tiles lie whole in one block's range (measured faster on tri768, b4tri384 and
-// extramsa; slower where few tiles are split among many blocks: msarow, tri256; perf/log.md v41).
-constexpr bool pair_bias_auto_prefers_hopper(int64_t tiles) { return tiles >= kPairBiasMaxWorkers / 2; }
+// 128 x 128 tiles (B H ceil(Lq / 128) ceil(Lk / 128)): from 32 tiles, where it measured faster
+// than the portable pass (msarow, template, per kernel; perf/log.md v44). At 16 (tri256) it was
+// slower before its pieces' sum was spread over more blocks, and has not been measured since.
+constexpr bool pair_bias_auto_prefers_hopper(int64_t tiles) { return tiles >= 32; }
 
 // Bytes of workspace pieces the pair-bias kernel may need for this gradient task: nonzero where
 // the shape lets it run (16-bit inputs, head-dim bucket 16 or 32 with Delta from O, the gradient of
