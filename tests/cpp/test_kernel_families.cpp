@@ -224,12 +224,13 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
 
 // The Hopper pair-bias gradient over its work split (hopper::PairBiasSplit: 128 x 128 tiles, units
 // (tile, n) in contiguous ranges, one a block): tiles one block holds whole, tiles two or three
-// blocks share, tiles split among seventeen (few tiles, long n), ragged tile edges and head dims
-// 8 to 32; and rows whose exponent takes the general form (a row max beyond 64 in the log2 domain:
-// query rows 64-79 of every head biased by +120, and every row of n = 1 masked by -1e9), beside
-// warps that take the factored one. Against the portable kernels, and bit for bit the same on a
-// second run. (Shapes whose workspace holds the pieces of 66 workers or more: the kernel runs only
-// there.)
+// blocks share, fewer tiles than blocks split among a whole number of blocks each (split_units:
+// 8 tiles among sixteen each, long n; template's 64 tiles, B4 H4 L256, between two each), ragged
+// tile edges and head dims 8 to 32; and rows whose exponent takes the general form (a row max
+// beyond 64 in the log2 domain: query rows 64-79 of every head biased by +120, and every row of
+// n = 1 masked by -1e9), beside warps that take the factored one. Against the portable kernels,
+// and bit for bit the same on a second run. (Shapes whose workspace holds the pieces of 66
+// workers or more: the kernel runs only there.)
 TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
   struct Case {
@@ -237,7 +238,7 @@ TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) 
     bool extreme_rows;
   };
   const Case cases[] = {{1, 3, 264, 32, 32, false},  {2, 2, 264, 40, 16, false}, {1, 1000, 136, 2, 24, false},
-                        {1, 2, 520, 16, 8, false},   {1, 4, 264, 32, 32, true}};
+                        {1, 2, 520, 16, 8, false},   {1, 4, 264, 32, 32, true},  {4, 64, 256, 4, 16, false}};
   std::mt19937_64 rng(137);
   for (const Case& c : cases) {
     SCOPED_TRACE("B" + std::to_string(c.B) + " N" + std::to_string(c.N) + " L" + std::to_string(c.L) + " H" +
@@ -377,18 +378,24 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
 
 // The pair-bias gradient's split, checked without a GPU: the ranges tile the units in order,
 // worker_of finds the range of every unit, and the pieces of a tile two or more workers share go
-// to distinct workspace slots, each worker's at most two (first and last).
+// to distinct workspace slots, at most two a worker (first and last), or one where the split
+// gives every worker a range inside one tile (split_units, fewer tiles than workers).
 TEST(HopperPlan, PairBiasSplitCoversEveryUnitAndNOnceAndItsPiecesTheirOwnSlots) {
   using cuda::hopper::PairBiasSplit;
-  for (const int tiles : {1, 3, 8, 64, 144, 720}) {
+  for (const int tiles : {1, 3, 8, 16, 32, 64, 100, 144, 720}) {
     for (const int n : {2, 3, 40, 768}) {
-      for (const int most : {1, 7, 132}) {
-        PairBiasSplit s{};
-        s.units = tiles * n;
-        s.n = n;
-        s.workers = std::min(s.units, most);
+      for (const int most : {1, 7, 114, 132}) {
+        const PairBiasSplit s = cuda::hopper::split_units(tiles, n, most);
         SCOPED_TRACE("tiles " + std::to_string(tiles) + " n " + std::to_string(n) + " workers " +
-                     std::to_string(s.workers));
+                     std::to_string(s.workers) + " slots " + std::to_string(s.slots));
+        ASSERT_LE(s.workers, std::min(tiles * n, most));
+        // Stream-K over every worker, or a whole number a tile idling at most one in eight.
+        if (s.slots == 2) {
+          ASSERT_EQ(s.workers, std::min(tiles * n, most));
+        } else {
+          ASSERT_EQ(s.workers % tiles, 0);
+          ASSERT_GE(8 * s.workers, 7 * std::min(tiles * n, most));
+        }
         ASSERT_EQ(s.begin(0), 0);
         ASSERT_EQ(s.begin(s.workers), s.units);
         for (int g = 0; g < s.workers; ++g) {
@@ -396,11 +403,19 @@ TEST(HopperPlan, PairBiasSplitCoversEveryUnitAndNOnceAndItsPiecesTheirOwnSlots) 
           ASSERT_EQ(s.worker_of(s.begin(g)), g);
           ASSERT_EQ(s.worker_of(s.begin(g + 1) - 1), g);
         }
-        std::vector<int> used(2 * static_cast<size_t>(s.workers), 0);
+        std::vector<int> used(static_cast<size_t>(s.pieces()), 0);
         for (int t = 0; t < tiles; ++t) {
           const int first = s.worker_of(t * n), last = s.worker_of((t + 1) * n - 1);
           if (first == last) continue;  // whole in one range: written directly
-          for (int g = first; g <= last; ++g) ++used[static_cast<size_t>(s.piece_slot(g, t))];
+          for (int g = first; g <= last; ++g) {
+            const int slot = s.piece_slot(g, t);
+            ASSERT_TRUE(slot >= 0 && slot < s.pieces()) << "slot " << slot;
+            ++used[static_cast<size_t>(slot)];
+          }
+        }
+        // With one piece a worker, every range lies in one tile.
+        if (s.slots == 1) {
+          for (int g = 0; g < s.workers; ++g) ASSERT_EQ(s.begin(g) / n, (s.begin(g + 1) - 1) / n) << "worker " << g;
         }
         // Each tile's units take every n once; the block holding a tile's last unit is at n = its
         // step mod N there.

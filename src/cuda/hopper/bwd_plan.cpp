@@ -31,15 +31,12 @@ int64_t pair_bias_max_workers(const BwdParams& p) {
 
 // The split by shape, with `sms` blocks at most (0: by the most workers, as the workspace counts).
 PairBiasSplit pair_bias_split(const BwdParams& p, int sms) {
-  PairBiasSplit s{};
-  s.q_blocks = static_cast<int32_t>((p.Lq + kPairBiasTile - 1) / kPairBiasTile);
-  s.k_blocks = static_cast<int32_t>((p.Lk + kPairBiasTile - 1) / kPairBiasTile);
-  s.n = static_cast<int32_t>(p.N);
-  const int64_t units = pair_bias_units(p);  // pair_bias_partial_bytes: fits 32 bits
-  s.units = static_cast<int32_t>(units);
   int64_t most = pair_bias_max_workers(p);
   if (sms > 0 && sms < most) most = sms;
-  s.workers = static_cast<int32_t>(units < most ? units : most);
+  // pair_bias_partial_bytes: the units fit 32 bits
+  PairBiasSplit s = split_units(pair_bias_units(p) / p.N, static_cast<int32_t>(p.N), most);
+  s.q_blocks = static_cast<int32_t>((p.Lq + kPairBiasTile - 1) / kPairBiasTile);
+  s.k_blocks = static_cast<int32_t>((p.Lk + kPairBiasTile - 1) / kPairBiasTile);
   return s;
 }
 
@@ -120,7 +117,7 @@ size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const
   // other gradient leave too little room).
   if (pair_bias_max_workers(p) < kPairBiasMaxWorkers / 2) return 0;
   const PairBiasSplit s = pair_bias_split(p, 0);
-  const size_t bytes = static_cast<size_t>(2 * s.workers) * kPairBiasTile * kPairBiasTile * sizeof(float);
+  const size_t bytes = static_cast<size_t>(s.pieces()) * kPairBiasTile * kPairBiasTile * sizeof(float);
   if (family == Family::kAuto &&
       (!pair_bias_auto_prefers_hopper(s.units / s.n) || bytes > rows_task_partial_bytes(p, plan, task.grad_slot))) {
     return 0;
@@ -138,6 +135,9 @@ bool pair_bias_usable(const BwdParams& p, const LaunchPlan& plan, const RowsTask
 #else
   if (plan.delta_in_dkdv || pair_bias_partial_bytes(p, plan, task) == 0) return false;
   if (plan.tile_fast_slot != task.grad_slot || hopper_sms(p.device) == 0) return false;
+  // The workspace holds the pieces of the split the size query counts (by the most workers); a
+  // GPU with fewer SMs may split otherwise, into more.
+  if (pair_bias_split(p, hopper_sms(p.device)).pieces() > pair_bias_split(p, 0).pieces()) return false;
   // At most one key slot, in the inputs' dtype (the kernel reads it as Elements).
   if (plan.key_slots != 0 && (plan.key_single_slot < 0 || plan.key_single.dtype != p.dtype)) return false;
   if (!tile_takes_tma(p, plan) || !seq_tensors_take_tma(p)) return false;

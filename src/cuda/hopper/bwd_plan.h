@@ -84,7 +84,9 @@ cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* o
 // The pair bias's gradient (bwd_pair_bias_kernel.cuh), summed over n: tiles of 128 queries x
 // 128 keys of each (b, h) (keys fastest), units (tile, n) in tile-major order, split into
 // `workers` contiguous ranges, one a block (stream-K: every SM has the same work whatever the
-// tile count). A tile whose units two or more workers share is summed from their pieces.
+// tile count). A tile whose units two or more workers share is summed from their pieces. With
+// fewer tiles than workers, a whole number of workers a tile (split_units): every range then lies
+// in one tile, and the workspace holds one piece a worker instead of two.
 constexpr int kPairBiasTile = 128;
 // Workers at most (fewer where the workspace's allowance holds fewer): the workspace holds two
 // pieces (a worker's first and last) for each.
@@ -104,15 +106,22 @@ constexpr size_t pair_bias_smem_bytes(int bucket) {
 struct PairBiasSplit {
   int32_t units;     // tiles x N; units x kPairBiasMaxWorkers below 2^31 (32-bit arithmetic below)
   int32_t n;         // N, the units of a tile
-  int32_t workers;   // min(SMs, kPairBiasMaxWorkers, units)
+  int32_t workers;   // min(SMs, kPairBiasMaxWorkers, units), or a multiple of the tiles below it
+  int32_t slots;     // workspace pieces a worker: 2 (its first tile's and its last's), or 1 where
+                     // every range lies in one tile
   int32_t q_blocks;  // ceil(Lq / 128)
   int32_t k_blocks;  // ceil(Lk / 128)
+  // The workspace's pieces, 128 x 128 float32 each.
+  EVOATTN_HOST_DEVICE int pieces() const { return slots * workers; }
   // Worker g's first unit (g = workers: the end of the last range).
   EVOATTN_HOST_DEVICE int begin(int g) const { return units * g / workers; }
   // The worker whose range holds unit u: the last g with begin(g) <= u.
   EVOATTN_HOST_DEVICE int worker_of(int u) const { return ((u + 1) * workers + units - 1) / units - 1; }
-  // The workspace slot of worker g's piece of tile t: its first piece (2g) or its last (2g + 1).
-  EVOATTN_HOST_DEVICE int piece_slot(int g, int t) const { return 2 * g + (begin(g) / n == t ? 0 : 1); }
+  // The workspace slot of worker g's piece of tile t: its first piece (2g) or its last (2g + 1);
+  // g where its range lies in one tile.
+  EVOATTN_HOST_DEVICE int piece_slot(int g, int t) const {
+    return slots == 1 ? g : 2 * g + (begin(g) / n == t ? 0 : 1);
+  }
   // The n of unit u: a tile walks its n from the unit where the block holding its last unit
   // begins (n = that block's step mod N), so the blocks that begin in tiles walk n in step
   // (a group for each place from a tile's end) and a (b, h)'s tiles read each n's Q, dO, K, V
@@ -123,16 +132,35 @@ struct PairBiasSplit {
   }
 };
 
+// The split of `tiles` x `n` units among `most` workers at most (fewer where the units are):
+// stream-K, or, where the tiles are fewer than the workers and a whole number of workers a tile
+// leaves at most one in eight idle, that many (each range in one tile, one piece a worker).
+// q_blocks and k_blocks are the caller's.
+inline PairBiasSplit split_units(int64_t tiles, int32_t n, int64_t most) {
+  PairBiasSplit s{};
+  s.n = n;
+  s.units = static_cast<int32_t>(tiles * n);
+  s.workers = static_cast<int32_t>(s.units < most ? s.units : most);
+  s.slots = 2;
+  const int64_t aligned = tiles < s.workers ? tiles * (s.workers / tiles) : 0;
+  if (8 * aligned >= int64_t{7} * s.workers) {
+    s.workers = static_cast<int32_t>(aligned);
+    s.slots = 1;
+  }
+  return s;
+}
+
 struct PairBiasTask {
   PairBiasSplit split;
   int32_t grad_slot;  // the pair bias's slot (LaunchPlan::tile_fast_slot)
-  float* partials;    // [2 kPairBiasMaxWorkers][128][128] float32 pieces
+  float* partials;    // [split.pieces()][128][128] float32 pieces
 };
 
 // Whether the automatic choice takes the Hopper pair-bias kernel for a gradient of `tiles`
 // 128 x 128 tiles (B H ceil(Lq / 128) ceil(Lk / 128)): from 32 tiles, where it measured faster
-// than the portable pass (msarow, template, per kernel; perf/log.md v44). At 16 (tri256) it was
-// slower before its pieces' sum was spread over more blocks, and has not been measured since.
+// than the portable pass (msarow, template; perf/log.md v44). At 16 (tri256) it was slower
+// before its pieces' sum was spread over more blocks and split_units, and has not been measured
+// since.
 constexpr bool pair_bias_auto_prefers_hopper(int64_t tiles) { return tiles >= 32; }
 
 // Bytes of workspace pieces the pair-bias kernel may need for this gradient task: nonzero where
