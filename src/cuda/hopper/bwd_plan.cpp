@@ -17,13 +17,16 @@ bool seq_tensors_take_tma(const BwdParams& p) {
 }
 #endif
 
-// Units (tile, n) of the pair bias's gradient: 128 x 128 tiles of each (b, h), times N.
-int64_t pair_bias_units(const BwdParams& p) {
-  return p.B * p.H * ((p.Lq + kPairBiasTile - 1) / kPairBiasTile) * ((p.Lk + kPairBiasTile - 1) / kPairBiasTile) * p.N;
+// Tiles of the pair bias's gradient, 128 x 128 of each (b, h); its units (tile, n) are these
+// times N.
+int64_t pair_bias_tiles(const BwdParams& p) {
+  return p.B * p.H * ((p.Lq + kPairBiasTile - 1) / kPairBiasTile) * ((p.Lk + kPairBiasTile - 1) / kPairBiasTile);
 }
+int64_t pair_bias_units(const BwdParams& p) { return pair_bias_tiles(p) * p.N; }
 
-// The most workers whose pieces (two 128 x 128 float32 tiles each) fit the workspace's
-// allowance for this gradient, up to kPairBiasMaxWorkers.
+// The most workers whose pieces (two 128 x 128 float32 tiles each, as a stream-K split needs;
+// split_units may need one) fit the workspace's allowance for this gradient, up to
+// kPairBiasMaxWorkers.
 int64_t pair_bias_max_workers(const BwdParams& p) {
   const int64_t fit = bias_grad_partial_floats(p) / (2 * kPairBiasTile * kPairBiasTile);
   return fit < kPairBiasMaxWorkers ? fit : kPairBiasMaxWorkers;
@@ -34,7 +37,7 @@ PairBiasSplit pair_bias_split(const BwdParams& p, int sms) {
   int64_t most = pair_bias_max_workers(p);
   if (sms > 0 && sms < most) most = sms;
   // pair_bias_partial_bytes: the units fit 32 bits
-  PairBiasSplit s = split_units(pair_bias_units(p) / p.N, static_cast<int32_t>(p.N), most);
+  PairBiasSplit s = split_units(pair_bias_tiles(p), static_cast<int32_t>(p.N), most);
   s.q_blocks = static_cast<int32_t>((p.Lq + kPairBiasTile - 1) / kPairBiasTile);
   s.k_blocks = static_cast<int32_t>((p.Lk + kPairBiasTile - 1) / kPairBiasTile);
   return s;

@@ -88,8 +88,8 @@ cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* o
 // fewer tiles than workers, a whole number of workers a tile (split_units): every range then lies
 // in one tile, and the workspace holds one piece a worker instead of two.
 constexpr int kPairBiasTile = 128;
-// Workers at most (fewer where the workspace's allowance holds fewer): the workspace holds two
-// pieces (a worker's first and last) for each.
+// Workers at most (fewer where the workspace's allowance holds fewer): the workspace holds up to
+// two pieces (a worker's first and last) for each (PairBiasSplit::pieces).
 constexpr int kPairBiasMaxWorkers = 132;
 
 // Stages of its ring, one n a stage (Q, dO, K, V, the rows' statistics, the keys' biases).
