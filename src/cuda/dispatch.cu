@@ -346,11 +346,18 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
                          cudaStream_t stream) {
   // The bias-gradient tasks, which kernel takes each, and the Hopper kernels' plan (their tensor
   // maps), made once where either Hopper kernel runs.
+  // Where the query-side dQ pass runs, it also writes the gradients that sum over no index
+  // (dS itself: bias_grad_unsummed), and they get no pass of their own.
+  const bool rows_dq = !(plan.fuse_dq || hopper);
+  const cuda::RowsTask dq_task = cuda::make_dq_task_with_grads(p, plan);
+  auto own_pass = [&](int slot) {
+    return p.dbias[slot].requested && !(rows_dq && ((dq_task.direct_slots >> slot) & 1u));
+  };
   cuda::RowsTask tasks[kNumGradSlots];
   float* partials[kNumGradSlots] = {};  // null: no partials part (the gradient is not chunked)
   bool pair_hopper[kNumGradSlots] = {};
   for (int slot = 0; slot < kNumGradSlots; ++slot) {
-    if (!p.dbias[slot].requested) continue;
+    if (!own_pass(slot)) continue;
     if (layout.partial_offset[slot] != 0) {
       partials[slot] = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + layout.partial_offset[slot]);
     }
@@ -379,9 +386,9 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
     return cuda::run_bwd_dkdv<Element, kHeadDim, kFast>(p, plan, stream);
   };
   if (cudaError_t e = run_dkdv()) return e;
-  for (int slot = plan.fuse_dq || hopper ? 0 : -1; slot < kNumGradSlots; ++slot) {
-    if (slot >= 0 && !p.dbias[slot].requested) continue;
-    const cuda::RowsTask task = slot < 0 ? cuda::make_rows_task(p, plan, slot, nullptr) : tasks[slot];
+  for (int slot = rows_dq ? -1 : 0; slot < kNumGradSlots; ++slot) {
+    if (slot >= 0 && !own_pass(slot)) continue;
+    const cuda::RowsTask task = slot < 0 ? dq_task : tasks[slot];
     if (slot >= 0 && pair_hopper[slot]) {
       if (cudaError_t e = bwd_hopper_pair_bias<Element, kHeadDim>(p, hopper_plan, task, partials[slot], stream)) {
         return e;

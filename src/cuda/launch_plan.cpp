@@ -264,6 +264,21 @@ RowsTask make_rows_task(const BwdParams& p, const LaunchPlan& plan, int grad_slo
   return task;
 }
 
+RowsTask make_dq_task_with_grads(const BwdParams& p, const LaunchPlan& plan) {
+  RowsTask task = base_task(p, plan, -1);
+  const int element_bytes = p.dtype == DType::kF32 ? 4 : 2;
+  for (int slot = 0; slot < kNumGradSlots; ++slot) {
+    const BiasGradParams& g = p.dbias[slot];
+    if (!bias_grad_unsummed(g)) continue;
+    task.direct_slots |= 1u << slot;
+    const bool even = g.stride.b % 2 == 0 && g.stride.n % 2 == 0 && g.stride.h % 2 == 0 && g.stride.q % 2 == 0;
+    const bool pairs = g.dtype == p.dtype && element_bytes == 2 && g.stride.k == 1 && even &&
+                       reinterpret_cast<uintptr_t>(g.ptr) % 4 == 0;
+    if (pairs) task.direct_pairs |= 1u << slot;
+  }
+  return task;
+}
+
 size_t rows_task_partial_bytes(const BwdParams& p, const LaunchPlan& plan, int grad_slot) {
   const RowsTask task = base_task(p, plan, grad_slot);
   const int64_t chunks = chunk_count(p, plan, task);

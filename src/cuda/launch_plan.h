@@ -155,6 +155,10 @@ struct RowsTask {
   // kernel writes the gradient itself.
   int64_t chunks, chunk_iters;
   float* partials;
+  // The dQ job only: the bias gradients (bit = slot) it also writes, each element one dS
+  // (bias_grad_unsummed), and of those the ones it stores as element pairs (the inputs' dtype,
+  // unit key stride, 4-byte aligned rows).
+  uint32_t direct_slots, direct_pairs;
 };
 
 // Most running-dQ slots of a fused dK/dV (LaunchPlan::fuse_dq): at least the blocks an H100
@@ -352,6 +356,15 @@ inline bool pair_bias_key_pairs(const FwdParams& p, const LaunchPlan& plan, cons
   return p.D > 16 && p.D <= 64 && p.D % 8 == 0 && one_fast_layout_tile(p) && plan.k_tiles % 2 == 0 &&
          rows_task_over_n(t, plan);
 }
+
+// Whether a requested bias gradient sums over no index (its bias spans every score dimension
+// longer than 1: AlphaFold 3's pair-biased attention, N = 1): each element is one dS, which the
+// query-side dQ pass, where it runs, writes as it goes (RowsTask::direct_slots; no pass of its own).
+inline bool bias_grad_unsummed(const BiasGradParams& g) {
+  return g.requested && !g.reduce_b && !g.reduce_n && !g.reduce_h && !g.reduce_q && !g.reduce_k;
+}
+// The dQ job's task (grad_slot -1) writing the unsummed gradients too, as above.
+RowsTask make_dq_task_with_grads(const BwdParams& p, const LaunchPlan& plan);
 
 // Floats of workspace each requested bias gradient's partials may take within the contract's bound.
 int64_t bias_grad_partial_floats(const BwdParams& p);

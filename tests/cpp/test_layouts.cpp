@@ -33,6 +33,19 @@ std::vector<Case> layout_cases() {
                       .biases("", "b1hqk")
                       .grads(false, true)
                       .layouts(Layout::kPadded, Layout::kPadded));
+  // N = 1 (AlphaFold 3's pair-biased attention) with few (b, n, h): the dQ pass writes the
+  // pair-bias gradient, summed over nothing, as it goes: element pairs where the gradient is
+  // contiguous, else one element at a time (padded rows at an odd offset, a key stride of 2, a
+  // float32 gradient of 16-bit inputs).
+  for (Layout out : {Layout::kContiguous, Layout::kPadded, Layout::kStridedD}) {
+    cases.push_back(shape(2, 1, 2, 70, 72, 32, EVOATTN_BFLOAT16)
+                        .biases("bn11k", "b1hqk")
+                        .grads(true, true)
+                        .layouts(Layout::kContiguous, out));
+  }
+  Case f32_grad = shape(2, 1, 2, 70, 72, 32, EVOATTN_FLOAT16).biases("bn11k", "b1hqk").grads(true, true);
+  f32_grad.bias_f32 = true;
+  cases.push_back(f32_grad);
   cases.push_back(shape(2, 2, 2, 9, 40, 128, EVOATTN_FLOAT32)
                       .biases("bn11k", "")
                       .grads(true, false)

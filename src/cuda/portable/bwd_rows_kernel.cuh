@@ -1,6 +1,7 @@
 // Backward, query side, for float16 / bfloat16 on mma.sync. One kernel, two jobs:
 //
 //   dQ    : block = (b, n, h, 64 queries), iterating over key tiles:       dQ += dS K
+//           (and dS itself into a bias gradient that sums over no index: RowsTask::direct_slots)
 //   dbias : block = the indices the bias keeps, iterating over the ones it broadcasts on
 //           (the pair bias: block (b, h, q-tile, k-tile), iterating over n): acc += dS,
 //           then rows / columns of acc summed where the bias is 1 wide. Over n alone (the
@@ -82,6 +83,36 @@ __device__ __forceinline__ TileCoord rows_next(const RowsTask& task, const BwdPa
   if (task.loop_n) c.n = 0;
   if (task.loop_b) ++c.b;
   return c;
+}
+
+// A warp's dS (rows row0 and row0 + 8, columns col0 + 8 nt + 2t and + 1) into each bias
+// gradient that sums over no index (RowsTask::direct_slots): the gradient's tile itself,
+// rounded once to its dtype as the bias job's store does.
+template <typename Element, int kNTiles>
+__device__ __forceinline__ void store_unsummed_grads(const float (&ds)[kNTiles][4], const BwdParams& p,
+                                                     const RowsTask& task, const TileCoord& c, int64_t row0,
+                                                     int64_t col0, int t) {
+  for (int slot = 0; slot < kNumGradSlots; ++slot) {
+    if (!((task.direct_slots >> slot) & 1u)) continue;
+    const BiasGradParams& gp = p.dbias[slot];
+    const bool pairs = (task.direct_pairs >> slot) & 1u;
+    const int64_t base = c.b * gp.stride.b + c.n * gp.stride.n + c.h * gp.stride.h;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = row0 + 8 * r;
+      if (row >= p.Lq) continue;
+      const int64_t at = base + row * gp.stride.q;
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int64_t col = col0 + nt * 8 + 2 * t;
+        const float v0 = ds[nt][2 * r], v1 = ds[nt][2 * r + 1];
+        if (pairs && col + 1 < p.Lk) {
+          *reinterpret_cast<uint32_t*>(static_cast<Element*>(gp.ptr) + at + col) = pack2<Element>(v0, v1);
+        } else {
+          if (col < p.Lk) store_any(gp.ptr, gp.dtype, at + col * gp.stride.k, v0);
+          if (col + 1 < p.Lk) store_any(gp.ptr, gp.dtype, at + (col + 1) * gp.stride.k, v1);
+        }
+      }
+    }
+  }
 }
 
 // What one launch of bwd_rows_kernel computes.
@@ -363,6 +394,7 @@ __global__ void __launch_bounds__(128, BwdRowTraits<Element, kHeadDim>::kMinBloc
           mma_16816<Element>(acc_dq[2 * dq + 1], a, {kb[2], kb[3]});
         }
       }
+      if (task.direct_slots != 0) store_unsummed_grads<Element>(dp, p, task, cur, i0 + warp_row + g, j0, t);
     } else if constexpr (!kOverN) {
       for (int nt = 0; nt < kNTiles; ++nt)
         for (int e = 0; e < 4; ++e) acc[nt][e] += dp[nt][e];
