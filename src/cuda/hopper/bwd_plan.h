@@ -157,11 +157,10 @@ struct PairBiasTask {
 };
 
 // Whether the automatic choice takes the Hopper pair-bias kernel for a gradient of `tiles`
-// 128 x 128 tiles (B H ceil(Lq / 128) ceil(Lk / 128)): from 32 tiles, where it measured faster
-// than the portable pass (msarow, template; perf/log.md v44). At 16 (tri256) it was slower
-// before its pieces' sum was spread over more blocks and split_units, and has not been measured
-// since.
-constexpr bool pair_bias_auto_prefers_hopper(int64_t tiles) { return tiles >= 32; }
+// 128 x 128 tiles (B H ceil(Lq / 128) ceil(Lk / 128)): from 16 tiles, where it measured faster
+// than the portable pass (tri256 at 16, msarow at 32, template at 64; perf/log.md v44, v45).
+// Below 16 it has not been measured.
+constexpr bool pair_bias_auto_prefers_hopper(int64_t tiles) { return tiles >= 16; }
 
 // Bytes of workspace pieces the pair-bias kernel may need for this gradient task: nonzero where
 // the shape lets it run (16-bit inputs, head-dim bucket 16 or 32 with Delta from O, the gradient of
