@@ -34,6 +34,7 @@
 
 #include "cuda/common/element.cuh"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/store_rows.cuh"
 #include "cuda/hopper/bias.cuh"
 #include "cuda/hopper/bwd_plan.h"
 #include "cuda/hopper/wgmma.cuh"
@@ -82,29 +83,6 @@ struct BwdLayout {
   static_assert(kFixed == bwd_fixed_smem_bytes(kHeadDim, kConsumers), "bwd_plan.h counts this layout");
   static_assert(kTile % 1024 == 0 && kDs % 1024 == 0 && kKvStageBytes % 1024 == 0, "swizzle atoms stay aligned");
 };
-
-// A thread's kHalf accumulators of a 64 x 2 kHalf C-layout tile (rows row0 and row0 + 8,
-// columns 8j + 2t, + 1) times `mul` into rows of `base`; rows at or past `rows` and columns at or
-// past D are not stored.
-template <typename Element, int kHalf>
-__device__ __forceinline__ void store_rows(const float (&acc)[kHalf], Element* base, int64_t row_stride, int64_t d_stride,
-                                           int64_t row0, int64_t rows, int D, bool pairs, float mul, int t) {
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = row0 + 8 * r;
-    if (row >= rows) continue;
-    Element* out = base + row * row_stride;
-    for (int j = 0; j < kHalf / 4; ++j) {
-      const int col = 8 * j + 2 * t;
-      const float v0 = acc[4 * j + 2 * r] * mul, v1 = acc[4 * j + 2 * r + 1] * mul;
-      if (pairs && col + 1 < D) {
-        *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(v0, v1);
-      } else {
-        if (col < D) out[col * d_stride] = from_float<Element>(v0);
-        if (col + 1 < D) out[(col + 1) * d_stride] = from_float<Element>(v1);
-      }
-    }
-  }
-}
 
 // P^T = 2^((x - row max) - row log-sum) and dS^T = P^T (dP^T - Delta) of one thread's 64 scores
 // (keys g, g + 8; queries 8j + 2t, + 1), in place of S^T and dP^T. Compiled per tile kind: with
@@ -422,8 +400,9 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
           int b, n, h;  // computed where used: fewer registers live across the loop
           coords(bnh, b, n, h);
           Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
-          store_rows<Element>(dq_acc, dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w + g, p.Lq, p.D,
-                              plan.pairs_dq, p.scale, t);
+          const float scale[2] = {p.scale, p.scale};
+          store_acc_rows<Element>(warp_tile(dq_acc), dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w, p.Lq,
+                                  p.D, plan.pairs_dq, lane, scale);
         } else {
           for (int r = 0; r < 2; ++r)
             for (int j = 0; j < kHalf / 4; ++j)
@@ -435,13 +414,14 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
     mbarrier_arrive(&kv_empty[kvs]);
 
     // epilogue: this consumer's 64 keys of dK x scale and dV
-    const int64_t key0 = int64_t{kb} * L::kKeys + 64 * c + 16 * w + g;
+    const int64_t key0 = int64_t{kb} * L::kKeys + 64 * c + 16 * w;
+    const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
     int b, n, h;
     coords(bnh, b, n, h);
     Element* dk = static_cast<Element*>(p.dk) + b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
     Element* dv = static_cast<Element*>(p.dv) + b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
-    store_rows<Element>(dk_acc, dk, p.dk_stride.l, p.dk_stride.d, key0, p.Lk, p.D, plan.pairs_dk, p.scale, t);
-    store_rows<Element>(dv_acc, dv, p.dv_stride.l, p.dv_stride.d, key0, p.Lk, p.D, plan.pairs_dv, 1.0f, t);
+    store_acc_rows<Element>(warp_tile(dk_acc), dk, p.dk_stride.l, p.dk_stride.d, key0, p.Lk, p.D, plan.pairs_dk, lane, scale);
+    store_acc_rows<Element>(warp_tile(dv_acc), dv, p.dv_stride.l, p.dv_stride.d, key0, p.Lk, p.D, plan.pairs_dv, lane, one);
   }
   }
 }

@@ -27,6 +27,7 @@
 #include "cuda/common/element.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/store_rows.cuh"
 #include "cuda/hopper/bias.cuh"
 #include "cuda/hopper/fwd_plan.h"
 #include "cuda/hopper/softmax.cuh"
@@ -346,23 +347,13 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     arrive(&empty[(it0 + plan.k_tiles - 1) % L::kStages]);
 
     // epilogue: O / l and the LSE
+    const float inv[2] = {softmax.finish(0), softmax.finish(1)};
+    const int64_t q0 = x.q_block + c * L::kRows + 16 * w;  // this warp's 16 rows
+    Element* o = static_cast<Element*>(p.o) + x.b * p.o_stride.b + x.n * p.o_stride.n + x.h * p.o_stride.h;
+    store_acc_rows<Element>(warp_tile(acc_o), o, p.o_stride.l, 1, q0, p.Lq, p.D, plan.pairs_o, lane, inv);
     for (int r = 0; r < 2; ++r) {
-      const float inv = softmax.finish(r);
-      const int64_t q = x.q_block + c * L::kRows + 16 * w + g + 8 * r;
-      if (q >= p.Lq) continue;
-      Element* out = static_cast<Element*>(p.o) + x.b * p.o_stride.b + x.n * p.o_stride.n + q * p.o_stride.l +
-                     x.h * p.o_stride.h;
-      for (int d = 0; d < kHeadDim / 8; ++d) {
-        const int col = 8 * d + 2 * t;
-        const float v0 = acc_o[4 * d + 2 * r] * inv, v1 = acc_o[4 * d + 2 * r + 1] * inv;
-        if (plan.pairs_o && col + 1 < p.D) {
-          *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(v0, v1);
-        } else {
-          if (col < p.D) out[col] = from_float<Element>(v0);
-          if (col + 1 < p.D) out[col + 1] = from_float<Element>(v1);
-        }
-      }
-      if (t == 0 && p.lse != nullptr) {
+      const int64_t q = q0 + g + 8 * r;
+      if (t == 0 && q < p.Lq && p.lse != nullptr) {
         p.lse[x.b * p.lse_stride_b + x.n * p.lse_stride_n + x.h * p.lse_stride_h + q * p.lse_stride_q] =
             row_lse(softmax.row_max[r], softmax.row_sum[r]);
       }
