@@ -156,6 +156,9 @@ cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, cudaStream_t 
   if (cudaError_t e = cuda::hopper::make_fwd_plan(p, plan, &hopper_plan)) return e;
   return with_head_dim(p.D, [&](auto hd) {
     constexpr int kHeadDim = decltype(hd)::value;
+    if constexpr (cuda::variants::hopper_fwd_consumers(kHeadDim, 4)) {
+      if (hopper_plan.consumers == 4) return cuda::hopper::run_fwd<Element, kHeadDim, 4>(p, hopper_plan, stream);
+    }
     if constexpr (cuda::variants::hopper_fwd_consumers(kHeadDim, 3)) {
       if (hopper_plan.consumers == 3) return cuda::hopper::run_fwd<Element, kHeadDim, 3>(p, hopper_plan, stream);
     }

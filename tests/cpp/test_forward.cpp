@@ -31,6 +31,7 @@ std::vector<Case> grid() {
     cases.push_back(shape(1, 64, 4, 130, 136, 32, dt).biases("bn11k", "b1hqk"));
     cases.push_back(shape(1, 64, 2, 70, 136, 16, dt).biases("bn11k", "b1hqk"));  // kShared, D 16
     cases.push_back(shape(1, 1, 200, 130, 96, 16, dt).biases("", "bnhqk"));
+    cases.push_back(shape(1, 2, 2, 250, 136, 16, dt).biases("bn11k", "b1hqk"));  // Hopper: 4 consumers
     // Head dim 24 with each group's own fast tile (AlphaFold 3's N = 1 pair-bias attention: the
     // kernel with an m16n8k8 step and three column tiles of O), split keys and over query tiles;
     // without a mask bias and with whole key tiles its instantiation without key biases (split

@@ -89,6 +89,9 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
       {1, 4, 256, 256, 4, 32, true, true},  {2, 3, 130, 136, 2, 64, true, true},
       {1, 2, 70, 200, 2, 16, true, false},  {1, 1, 100, 72, 4, 24, false, true},
       {1, 2, 64, 64, 2, 128, true, true},   {1, 5, 257, 136, 1, 8, true, true},
+      // Four consumers (head-dim bucket 16): whole blocks, and a last block whose fourth
+      // consumer has no rows.
+      {1, 3, 256, 136, 2, 16, true, true},  {2, 2, 700, 72, 1, 8, true, true},
   };
   // Every shape is one the Hopper forward takes (hopper::fwd_usable): 16-byte rows everywhere,
   // so Lk is a multiple of 8 for the pair bias's rows.
@@ -122,9 +125,10 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
 }
 
 // The automatic choice (EVOATTN_KERNEL_FAMILY unset) takes the Hopper forward where
-// fwd_auto_prefers_hopper says it is faster (three consumers: Lq = 384 at head dims 32 and 64),
-// bit for bit the forced Hopper one, and the portable forward elsewhere (head dim 16 at Lq = 256:
-// two consumers).
+// fwd_auto_prefers_hopper says it is faster (three consumers: Lq = 384 at head dims 32 and 64;
+// four: Lq = 256 at head dim 16), bit for bit the forced Hopper one, and the portable forward
+// elsewhere (head dim 64 at Lq = 256: two consumers). 640 (b, n, h) keep every SM of an H100 or
+// H200 busy.
 TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
   std::mt19937_64 rng(97);
@@ -132,9 +136,9 @@ TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
     int64_t L, D;
     bool hopper;
   };
-  for (const Shape& shape : {Shape{384, 32, true}, Shape{384, 64, true}, Shape{256, 16, false}}) {
+  for (const Shape& shape : {Shape{384, 32, true}, Shape{384, 64, true}, Shape{256, 16, true}, Shape{256, 64, false}}) {
     SCOPED_TRACE("L" + std::to_string(shape.L) + " D" + std::to_string(shape.D));
-    Inputs in(rng, 1, 128, shape.L, 4, shape.D);
+    Inputs in(rng, 1, 160, shape.L, 4, shape.D);
     const auto automatic = in.forward("auto");
     const auto hopper = in.forward("hopper");
     const auto portable = in.forward("portable");
@@ -305,7 +309,10 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_EQ(fwd_consumers_for(32, 512), 3);  // 576 rows against 512: 12.5% more
   EXPECT_EQ(fwd_consumers_for(32, 256), 2);  // 384 rows against 256
   EXPECT_EQ(fwd_consumers_for(64, 64), 2);
-  EXPECT_EQ(fwd_consumers_for(16, 192), 3);
+  EXPECT_EQ(fwd_consumers_for(16, 192), 3);  // 192 rows, against 256 with two or four
+  EXPECT_EQ(fwd_consumers_for(16, 256), 4);
+  EXPECT_EQ(fwd_consumers_for(16, 384), 3);  // 512 rows with four
+  EXPECT_EQ(fwd_consumers_for(16, 768), 4);
   EXPECT_EQ(fwd_consumers_for(128, 768), 2);  // no three-consumer instantiation at 128
   // The automatic choice: the suite shapes where the Hopper forward measured faster (132 SMs).
   using cuda::hopper::fwd_auto_prefers_hopper;

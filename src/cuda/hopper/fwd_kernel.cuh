@@ -1,7 +1,7 @@
 // Forward kernel for float16 / bfloat16 on Hopper (sm_90a), after FlashAttention-3.
 //
-//   block = a producer warpgroup and kConsumers consumer warpgroups (fwd_consumers_for: 3 at
-//   head dims <= 64 where Lq fills 192-row blocks, else 2), one block per SM, walking work items
+//   block = a producer warpgroup and kConsumers consumer warpgroups (fwd_consumers_for: 4 at head
+//   dims <= 16, 3 at <= 64, where Lq fills their blocks, else 2), one block per SM, walking work items
 //   (64 query rows a consumer, of one (b, n, h)); the ring of key tiles runs on across items
 //   warpgroup 0, the producer (kProducerRegisters a thread):
 //     warp 0: each item's Q by TMA once the consumers released the last one (q_empty); then per
@@ -63,7 +63,7 @@ struct FwdLayout {
   static constexpr int kBytes = kBarriers + (2 + 2 * kStages) * 8 + 1024;
   static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0 && kTile % 1024 == 0, "swizzle atoms stay aligned");
   static_assert(kBytes == fwd_smem_bytes(kHeadDim, kConsumers), "fwd_plan.h counts this layout");
-  static_assert(kConsumers == 2 || (kConsumers == 3 && kConsumers <= fwd_max_consumers(kHeadDim)), "consumers");
+  static_assert(kConsumers >= 2 && kConsumers <= fwd_max_consumers(kHeadDim), "consumers");
   static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128, "head-dim buckets");
 };
 
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
       // this group's values wait for their stages: a ring's worth with three consumers, two tiles
       // with two (whose larger consumer budget left the producer's 64 registers one short at four:
       // ptxas spilled).
-      constexpr int kGroup = L::kConsumers == 3 ? L::kStages : 2;
+      constexpr int kGroup = L::kConsumers >= 3 ? L::kStages : 2;
       uint32_t it0 = 0;
       for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, it0 += plan.k_tiles) {
         const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);

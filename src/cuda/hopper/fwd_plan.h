@@ -14,16 +14,22 @@
 
 namespace evoattn::cuda::hopper {
 
-// Consumer warpgroups a block has, 64 query rows each: three where their registers allow it
-// (head dims up to 64: more warps to hide the softmax's latencies) and Lq fills their 192-row
-// blocks about as well as two's 128 (fwd_consumers_for), else two.
+// Consumer warpgroups a block has, 64 query rows each: the most their registers allow (four at
+// head-dim bucket 16, three up to 64: more warps to hide the softmax's latencies) whose blocks
+// cover Lq with at most 15% more rows than the count that covers it with the fewest
+// (fwd_consumers_for), else two.
 constexpr int fwd_max_consumers(int head_dim_bucket) {
-  return variants::hopper_fwd_consumers(head_dim_bucket, 3) ? 3 : 2;
+  return variants::hopper_fwd_consumers(head_dim_bucket, 4) ? 4 : variants::hopper_fwd_consumers(head_dim_bucket, 3) ? 3 : 2;
 }
 inline int fwd_consumers_for(int head_dim_bucket, int64_t Lq) {
-  if (fwd_max_consumers(head_dim_bucket) == 2) return 2;
-  const int64_t rows3 = (Lq + 191) / 192 * 192, rows2 = (Lq + 127) / 128 * 128;
-  return rows3 * 20 <= rows2 * 23 ? 3 : 2;  // at most 15% more rows
+  const int most = fwd_max_consumers(head_dim_bucket);
+  auto rows = [&](int c) { return (Lq + 64 * c - 1) / (64 * c) * (64 * c); };
+  int64_t fewest = rows(2);
+  for (int c = 3; c <= most; ++c) fewest = rows(c) < fewest ? rows(c) : fewest;
+  for (int c = most; c > 2; --c) {
+    if (rows(c) * 20 <= fewest * 23) return c;
+  }
+  return 2;
 }
 
 struct FwdPlan {
@@ -31,7 +37,7 @@ struct FwdPlan {
   // 64 columns; the tile bias as [B, N, H, Lq, Lk] ({key, query, h, n, b}) in boxes of 64 x 64,
   // size 1 along the dimensions it broadcasts on.
   CUtensorMap q, k, v, tile;
-  int32_t consumers;   // fwd_consumers_for: 2 or 3
+  int32_t consumers;   // fwd_consumers_for: 2 to 4
   int32_t q_blocks;    // ceil(Lq / (64 consumers))
   int32_t k_tiles;     // ceil(Lk / 64)
   uint32_t key_slots;  // LaunchPlan::key_slots
@@ -56,13 +62,14 @@ Family requested_family();
 
 // The automatic choice between the forwards on a 9.x GPU: the Hopper one where it measured faster
 // than the portable one (docs/perf/log.md v43), given work items enough to keep every SM's block
-// busy a while (4 a block; apb768's 64 items were 8% slower): three consumer warpgroups at every
-// head-dim bucket they exist for (16, 32, 64; 3-26% faster), and two at bucket 32 from Lq = 256
-// (msarow 6% faster, tri256 level; Lq = 128 was 7% slower). Two consumers at buckets 16 and 64
-// were slower or level (template 19% slower, tri256d64 level): the portable forward.
+// busy a while (4 a block; apb768's 64 items were 8% slower): three or four consumer warpgroups at
+// every head-dim bucket they exist for (three at 16, 32, 64: 3-26% faster; four at 16: template
+// 20% faster, v47), and two at bucket 32 from Lq = 256 (msarow 6% faster, tri256 level; Lq = 128
+// was 7% slower). Two consumers at buckets 16 and 64 were slower or level (template 19% slower,
+// tri256d64 level): the portable forward.
 constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64_t Lq, int64_t items, int sms) {
   if (items < int64_t{4} * sms) return false;
-  return consumers == 3 || (head_dim_bucket == 32 && Lq >= 256);
+  return consumers >= 3 || (head_dim_bucket == 32 && Lq >= 256);
 }
 
 // Whether the Hopper forward takes this float16 / bfloat16 call: the library was built with the
