@@ -57,7 +57,7 @@ TF32_FWD = ("cuda/portable/fwd_tf32_kernel.cuh", "run_fwd_tf32",
 HOPPER_FWD = ("cuda/hopper/fwd_kernel.cuh", "hopper::run_fwd",
               "(const FwdParams&, const hopper::FwdPlan&, cudaStream_t)")
 # Its head-dim buckets and their consumer warpgroup counts (fwd_max_consumers in hopper/fwd_plan.h).
-HOPPER_FWD_CONSUMERS = {16: [2, 3, 4], 32: [2, 3], 64: [2, 3], 128: [2]}
+HOPPER_FWD_CONSUMERS = {16: [2, 3, 4], 32: [2, 3, 4], 64: [2, 3], 128: [2]}
 # The Hopper backward's dK/dV/dQ kernel per head-dim bucket and consumer warpgroup count
 # (bwd_usable, bwd_consumers_for in hopper/bwd_plan.h).
 HOPPER_BWD = ("cuda/hopper/bwd_kernel.cuh", "hopper::run_bwd",

@@ -107,6 +107,7 @@ set(EVOATTN_HOPPER_SOURCES
   cuda/hopper/instantiations/fwd_fp16_hdim16_c4.cu
   cuda/hopper/instantiations/fwd_fp16_hdim32_c2.cu
   cuda/hopper/instantiations/fwd_fp16_hdim32_c3.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim32_c4.cu
   cuda/hopper/instantiations/fwd_fp16_hdim64_c2.cu
   cuda/hopper/instantiations/fwd_fp16_hdim64_c3.cu
   cuda/hopper/instantiations/fwd_fp16_hdim128_c2.cu
@@ -115,6 +116,7 @@ set(EVOATTN_HOPPER_SOURCES
   cuda/hopper/instantiations/fwd_bf16_hdim16_c4.cu
   cuda/hopper/instantiations/fwd_bf16_hdim32_c2.cu
   cuda/hopper/instantiations/fwd_bf16_hdim32_c3.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim32_c4.cu
   cuda/hopper/instantiations/fwd_bf16_hdim64_c2.cu
   cuda/hopper/instantiations/fwd_bf16_hdim64_c3.cu
   cuda/hopper/instantiations/fwd_bf16_hdim128_c2.cu

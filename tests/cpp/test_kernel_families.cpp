@@ -92,6 +92,7 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
       // Four consumers (head-dim bucket 16): whole blocks, and a last block whose fourth
       // consumer has no rows.
       {1, 3, 256, 136, 2, 16, true, true},  {2, 2, 700, 72, 1, 8, true, true},
+      {1, 2, 700, 72, 2, 24, true, true},   // bucket 32: four consumers, one P register set
   };
   // Every shape is one the Hopper forward takes (hopper::fwd_usable): 16-byte rows everywhere,
   // so Lk is a multiple of 8 for the pair bias's rows.
@@ -299,15 +300,16 @@ TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
 #endif
 
 #ifdef EVOATTN_WITH_CUDA
-// The Hopper forward's host-side choices, checked without a GPU: three consumer warpgroups only
-// where an instantiation has them and Lq fills 192-row blocks within 15% of 128-row ones; every
-// (bucket, consumers) layout fits the 227 KB an sm_90 block may take.
+// The Hopper forward's host-side choices, checked without a GPU: three or four consumer
+// warpgroups only where an instantiation has them and their blocks cover Lq within 15% of the
+// fewest rows; every (bucket, consumers) layout fits the 227 KB an sm_90 block may take.
 TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   using cuda::hopper::fwd_consumers_for;
-  EXPECT_EQ(fwd_consumers_for(32, 768), 3);  // 4 blocks of 192 rows, as many rows as 6 of 128
-  EXPECT_EQ(fwd_consumers_for(32, 384), 3);
-  EXPECT_EQ(fwd_consumers_for(32, 512), 3);  // 576 rows against 512: 12.5% more
-  EXPECT_EQ(fwd_consumers_for(32, 256), 2);  // 384 rows against 256
+  EXPECT_EQ(fwd_consumers_for(32, 768), 4);  // 3 blocks of 256 rows, as many as 4 of 192 or 6 of 128
+  EXPECT_EQ(fwd_consumers_for(32, 384), 3);  // 512 rows with four
+  EXPECT_EQ(fwd_consumers_for(32, 512), 4);
+  EXPECT_EQ(fwd_consumers_for(32, 256), 4);  // 384 rows with three
+  EXPECT_EQ(fwd_consumers_for(64, 256), 2);  // no four-consumer instantiation at 64; 384 rows with three
   EXPECT_EQ(fwd_consumers_for(64, 64), 2);
   EXPECT_EQ(fwd_consumers_for(16, 192), 3);  // 192 rows, against 256 with two or four
   EXPECT_EQ(fwd_consumers_for(16, 256), 4);

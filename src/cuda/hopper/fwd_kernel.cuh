@@ -234,8 +234,11 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   float acc_o[kHeadDim / 2];
   float s_acc[32];  // y = Q.K + bias / scale of a 64 x 64 tile (init_scores, then the wgmma)
   // P of the tiles in turn in two register sets: tile j's is written while tile j - 1's P V
-  // still reads the other (one set would serialize the wgmma: ptxas C7513).
-  uint32_t pa[2][4][4];
+  // still reads the other (one set written then would serialize the wgmma: ptxas C7513). Four
+  // consumers at bucket 32 have no registers for two (96 a thread): one set, written once tile
+  // j - 1's P V has retired.
+  constexpr int kPSets = L::kConsumers == 4 && kHeadDim > 16 ? 1 : 2;
+  uint32_t pa[kPSets][4][4];
   RowSoftmax softmax;
   uint32_t it0 = 0;
   const uint32_t tile_base = smem_addr(smem + L::kTile);
@@ -307,6 +310,21 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     arrive(&empty[(it0 + j - 1) % L::kStages]);
     if (moved) softmax.rescale(acc_o);
   };
+  // The same with one P set: tile j's maxima while tile j - 1's P V runs, its P once it retired.
+  auto step_one_set = [&](int j) {
+    wait_full(j);
+    issue_qk(j);
+    issue_pv(j - 1, pa[0]);
+    wgmma_wait<1>();
+    fence_registers(s_acc);
+    if (j + 1 == plan.k_tiles) arrive(q_empty);
+    const bool moved = softmax.update(s_acc, p.scale_log2, false);
+    wgmma_wait<0>();
+    fence_registers(acc_o);
+    arrive(&empty[(it0 + j - 1) % L::kStages]);
+    if (moved) softmax.rescale(acc_o);
+    softmax.exponentiate<Element>(s_acc, p.scale_log2, pa[0]);
+  };
 
   uint32_t local = 0;
   for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
@@ -332,15 +350,21 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     fence_registers(s_acc);
     if (plan.k_tiles == 1) arrive(q_empty);
     softmax_tile(0, pa[0]);
-    for (int j = 1; j < plan.k_tiles; j += 2) {
-      step(j, pa[0], pa[1]);
-      if (j + 1 < plan.k_tiles) step(j + 1, pa[1], pa[0]);
-    }
-    wgmma_fence();
-    if ((plan.k_tiles - 1) & 1) {
-      issue_pv(plan.k_tiles - 1, pa[1]);
-    } else {
+    if constexpr (kPSets == 1) {
+      for (int j = 1; j < plan.k_tiles; ++j) step_one_set(j);
+      wgmma_fence();
       issue_pv(plan.k_tiles - 1, pa[0]);
+    } else {
+      for (int j = 1; j < plan.k_tiles; j += 2) {
+        step(j, pa[0], pa[kPSets - 1]);
+        if (j + 1 < plan.k_tiles) step(j + 1, pa[kPSets - 1], pa[0]);
+      }
+      wgmma_fence();
+      if ((plan.k_tiles - 1) & 1) {
+        issue_pv(plan.k_tiles - 1, pa[kPSets - 1]);
+      } else {
+        issue_pv(plan.k_tiles - 1, pa[0]);
+      }
     }
     wgmma_wait<0>();
     fence_registers(acc_o);

@@ -64,8 +64,9 @@ Family requested_family();
 // than the portable one (docs/perf/log.md v43), given work items enough to keep every SM's block
 // busy a while (4 a block; apb768's 64 items were 8% slower): three or four consumer warpgroups at
 // every head-dim bucket they exist for (three at 16, 32, 64: 3-26% faster; four at 16: template
-// 20% faster, v47), and two at bucket 32 from Lq = 256 (msarow 6% faster, tri256 level; Lq = 128
-// was 7% slower). Two consumers at buckets 16 and 64 were slower or level (template 19% slower,
+// 20% faster, v47; four at 32: tri256, msarow, msacol 17-21% and tri768 10% faster than two or
+// three, v48), and two at bucket 32 from Lq = 256 (msarow 6% faster, tri256 level; Lq = 128 was
+// 7% slower). Two consumers at buckets 16 and 64 were slower or level (template 19% slower,
 // tri256d64 level): the portable forward.
 constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64_t Lq, int64_t items, int sms) {
   if (items < int64_t{4} * sms) return false;
