@@ -4,16 +4,18 @@
 # suite, and the Python package (the wheel of scripts/build_wheel.sh installed into a clean
 # folder, pytest with torch and jax on the GPU and nvcc off the PATH; the host-overhead bench).
 # Results go to $OUT (the device tool's folder) or ./gpu-results.
-#   usage: scripts/gpu_check.sh [all|build|test|hopper|sanitize|sanitize-grid|sanitize-hopper|
+#   usage: scripts/gpu_check.sh [all|build|test|gtest|hopper|sanitize|sanitize-grid|sanitize-hopper|
 #                               bench|python|overhead]...
 #   (default: all; `sanitize` is `sanitize-grid` (the default grid: about 9 minutes on an H200,
 #   memcheck 3 and racecheck 6) and then `sanitize-hopper` (the Hopper family's grid), which a
 #   device call of 10 minutes cannot hold together; `hopper`, not in all: the Hopper family's
-#   cases alone, sharded, in a few minutes where `test` takes the whole suite's six or seven)
+#   cases alone, sharded, in a few minutes where `test` takes the whole suite's six or seven;
+#   `gtest`, not in all: the whole C++ test binary, sharded, once with each family forced,
+#   EVOATTN_KERNEL_FAMILY=portable then =hopper)
 #   PREBUILT=dir: take the test binary and the CLI from dir (scripts/prebuild_gpu.sh makes it on
-#   a machine without a GPU) instead of building here, for `hopper`, `sanitize` and `bench`: a
-#   GPU machine's build is a minute or more of its time. Not for `test`: ctest's files name the
-#   building machine's paths.
+#   a machine without a GPU) instead of building here, for `gtest`, `hopper`, `sanitize` and
+#   `bench`: a GPU machine's build is a minute or more of its time. Not for `test`: ctest's files
+#   name the building machine's paths.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT"
@@ -35,7 +37,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 if [ -z "${PREBUILT:-}" ] && { want build || want test || want hopper || want sanitize || want sanitize-grid ||
-                                want sanitize-hopper || want bench; }; then
+                                want sanitize-hopper || want bench || [[ " $steps " == *" gtest "* ]]; }; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVOATTN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
@@ -49,26 +51,38 @@ if want test; then
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Exception" "$OUT/ctest.log" | head -40
 fi
 
+# The test binary in shards on all cores (the float64 references are the cost) under one
+# kernel family, into $OUT/<name>.log; prints the passed count and any failure.
+#   usage: run_shards NAME FAMILY GTEST_FILTER
+run_shards() {
+  local name=$1 family=$2 filter=$3 shards passed failed
+  shards=$(nproc)
+  for i in $(seq 0 $((shards - 1))); do
+    EVOATTN_KERNEL_FAMILY=$family GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+      "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" > "$OUT/${name}_shard_$i.log" 2>&1 &
+  done
+  wait
+  cat "$OUT/${name}"_shard_*.log > "$OUT/$name.log" && rm -f "$OUT/${name}"_shard_*.log
+  passed=$(grep -cE '^\[       OK \]' "$OUT/$name.log")
+  failed=$(grep -E '^\[  FAILED  \] .*\(' "$OUT/$name.log" | sort -u)
+  echo "$name ($family): $passed passed, $(grep -cE '^\[  SKIPPED \] .*\(' "$OUT/$name.log") skipped${failed:+; failed:}"
+  [ -z "$failed" ] || { echo "$failed"; status=1; }
+}
+
+if [[ " $steps " == *" gtest "* ]]; then
+  # Every C++ test with each family forced (issue 39's item 7); auto is `test`'s and `hopper`'s.
+  run_shards gtest_portable portable '*'
+  run_shards gtest_hopper hopper '*'
+fi
+
 if [[ " $steps " == *" hopper "* ]]; then
   # The family tests, then every 16-bit CUDA forward, backward, determinism, mask and layout
-  # case under EVOATTN_KERNEL_FAMILY=hopper, in shards on all cores (their float64 references
-  # are the cost).
-  tests="$BUILD/tests/cpp/evoattn_tests"
-  "$tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/hopper_family.log" 2>&1 || status=1
+  # case under EVOATTN_KERNEL_FAMILY=hopper.
+  "$BUILD/tests/cpp/evoattn_tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/hopper_family.log" 2>&1 || status=1
   echo "family tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/hopper_family.log" | tr '\n' ' ')"
   filter='*Determinism*cuda*'
   for suite in Forward Backward BiasesAndMasks Layouts; do filter+=":*$suite*cuda_bf16*:*$suite*cuda_fp16*"; done
-  shards=$(nproc)
-  for i in $(seq 0 $((shards - 1))); do
-    EVOATTN_KERNEL_FAMILY=hopper GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
-      "$tests" --gtest_filter="$filter" > "$OUT/hopper_shard_$i.log" 2>&1 &
-  done
-  wait
-  cat "$OUT"/hopper_shard_*.log > "$OUT/hopper_tests.log" && rm -f "$OUT"/hopper_shard_*.log
-  passed=$(grep -cE '^\[       OK \]' "$OUT/hopper_tests.log")
-  failed=$(grep -E '^\[  FAILED  \] .*\(' "$OUT/hopper_tests.log" | sort -u)
-  echo "hopper-family cases: $passed passed${failed:+; failed:}"
-  [ -z "$failed" ] || { echo "$failed"; status=1; }
+  run_shards hopper_tests hopper "$filter"
 fi
 
 tests="$BUILD/tests/cpp/evoattn_tests"
