@@ -1,7 +1,7 @@
 // Forward kernel for float16 / bfloat16 on Hopper (sm_90a), after FlashAttention-3.
 //
 //   block = a producer warpgroup and kConsumers consumer warpgroups (fwd_consumers_for: 4 at head
-//   dims <= 16, 3 at <= 64, where Lq fills their blocks, else 2), one block per SM, walking work items
+//   dims <= 32, 3 at <= 64, where Lq fills their blocks, else 2), one block per SM, walking work items
 //   (64 query rows a consumer, of one (b, n, h)); the ring of key tiles runs on across items
 //   warpgroup 0, the producer (kProducerRegisters a thread):
 //     warp 0: each item's Q by TMA once the consumers released the last one (q_empty); then per
@@ -276,13 +276,6 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, kHeadDim>(acc_o, p_tile[kp], v_stage + ((kp * 16 * L::kRowBytes) >> 4), 1);
     wgmma_commit();
   };
-  // softmax of key tile j, whose scores have landed in s_acc, into P; returns whether O needs a
-  // rescale
-  auto softmax_tile = [&](int j, uint32_t (&p_tile)[4][4]) {
-    const bool moved = softmax.update(s_acc, p.scale_log2, j == 0);
-    softmax.exponentiate<Element>(s_acc, p.scale_log2, p_tile);
-    return moved;
-  };
   // A release of shared memory this thread read (a stage, or Q), by every consumer thread: each
   // one's own reads (the key biases, the bias box by ldmatrix) are then ordered before the
   // refill by its own release (compute-sanitizer's racecheck flags one elected arrival after
@@ -296,7 +289,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     mbarrier_wait(&full[it % L::kStages], (it / L::kStages) & 1);
   };
   // Tile j's QK^T runs while tile j - 1's P V is issued behind it; tile j's softmax runs while
-  // that P V does; O's rescale waits for it. Q is released after the item's last QK^T.
+  // that P V does (with one P set, its maxima only: P is written once that P V retired); O's
+  // rescale waits for it. Q is released after the item's last QK^T.
   auto step = [&](int j, const uint32_t (&p_prev)[4][4], uint32_t (&p_next)[4][4]) {
     wait_full(j);
     issue_qk(j);
@@ -304,26 +298,13 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     wgmma_wait<1>();
     fence_registers(s_acc);
     if (j + 1 == plan.k_tiles) arrive(q_empty);
-    const bool moved = softmax_tile(j, p_next);
-    wgmma_wait<0>();
-    fence_registers(acc_o);
-    arrive(&empty[(it0 + j - 1) % L::kStages]);
-    if (moved) softmax.rescale(acc_o);
-  };
-  // The same with one P set: tile j's maxima while tile j - 1's P V runs, its P once it retired.
-  auto step_one_set = [&](int j) {
-    wait_full(j);
-    issue_qk(j);
-    issue_pv(j - 1, pa[0]);
-    wgmma_wait<1>();
-    fence_registers(s_acc);
-    if (j + 1 == plan.k_tiles) arrive(q_empty);
     const bool moved = softmax.update(s_acc, p.scale_log2, false);
+    if constexpr (kPSets == 2) softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
     wgmma_wait<0>();
     fence_registers(acc_o);
     arrive(&empty[(it0 + j - 1) % L::kStages]);
     if (moved) softmax.rescale(acc_o);
-    softmax.exponentiate<Element>(s_acc, p.scale_log2, pa[0]);
+    if constexpr (kPSets == 1) softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
   };
 
   uint32_t local = 0;
@@ -349,9 +330,10 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     wgmma_wait<0>();
     fence_registers(s_acc);
     if (plan.k_tiles == 1) arrive(q_empty);
-    softmax_tile(0, pa[0]);
+    softmax.update(s_acc, p.scale_log2, true);  // softmax of tile 0 (O needs no rescale yet)
+    softmax.exponentiate<Element>(s_acc, p.scale_log2, pa[0]);
     if constexpr (kPSets == 1) {
-      for (int j = 1; j < plan.k_tiles; ++j) step_one_set(j);
+      for (int j = 1; j < plan.k_tiles; ++j) step(j, pa[0], pa[0]);
       wgmma_fence();
       issue_pv(plan.k_tiles - 1, pa[0]);
     } else {

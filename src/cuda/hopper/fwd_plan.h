@@ -15,7 +15,7 @@
 namespace evoattn::cuda::hopper {
 
 // Consumer warpgroups a block has, 64 query rows each: the most their registers allow (four at
-// head-dim bucket 16, three up to 64: more warps to hide the softmax's latencies) whose blocks
+// head-dim buckets 16 and 32, three at 64: more warps to hide the softmax's latencies) whose blocks
 // cover Lq with at most 15% more rows than the count that covers it with the fewest
 // (fwd_consumers_for), else two.
 constexpr int fwd_max_consumers(int head_dim_bucket) {
