@@ -35,15 +35,8 @@ fi
 wait
 if [ "$TESTS" != 0 ] && [ -n "${PREBUILT:-}" ]; then
   # ctest's files name the building machine's paths: the test binary itself, in shards.
-  shards=$(nproc)
-  for i in $(seq 0 $((shards - 1))); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "$BUILD/tests/cpp/evoattn_tests" \
-      --gtest_filter='*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*' \
-      > "$OUT/tests_b_$i.log" 2>&1 &
-  done
-  wait
-  cat "$OUT"/tests_b_*.log > "$OUT/tests_b.log" && rm -f "$OUT"/tests_b_*.log
-  echo "B's tests: $(grep -cE '^\[       OK \]' "$OUT/tests_b.log") passed; failed: $(grep -E '^\[  FAILED  \] .*\(' "$OUT/tests_b.log" | sort -u | wc -l)"
+  source "$(dirname "$0")/run_shards.sh"
+  run_shards tests_b auto '*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*' 
 elif [ "$TESTS" != 0 ]; then
   (cd "$BUILD" && ctest -j4 --timeout 600 -R "cuda|Workspace|CudaGraph|LargeIndex|SmallGpu" > "$OUT/ctest_b.log" 2>&1)
   grep -E "tests passed|tests failed|\(Failed\)" "$OUT/ctest_b.log" | head -20

@@ -1,0 +1,18 @@
+# Sourced by scripts/gpu_check.sh and scripts/ab_bench.sh: the test binary in shards on all cores
+# (the float64 references are the cost) under one kernel family, into $OUT/<name>.log; prints the
+# passed and skipped counts and any failure, and sets status=1 on one.
+#   usage: run_shards NAME FAMILY GTEST_FILTER     (needs BUILD and OUT; FAMILY may be auto)
+run_shards() {
+  local name=$1 family=$2 filter=$3 shards passed failed
+  shards=$(nproc)
+  for i in $(seq 0 $((shards - 1))); do
+    EVOATTN_KERNEL_FAMILY=$family GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+      "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" > "$OUT/${name}_shard_$i.log" 2>&1 &
+  done
+  wait
+  cat "$OUT/${name}"_shard_*.log > "$OUT/$name.log" && rm -f "$OUT/${name}"_shard_*.log
+  passed=$(grep -cE '^\[       OK \]' "$OUT/$name.log")
+  failed=$(grep -E '^\[  FAILED  \] .*\(' "$OUT/$name.log" | sort -u)
+  echo "$name ($family): $passed passed, $(grep -cE '^\[  SKIPPED \] .*\(' "$OUT/$name.log") skipped${failed:+; failed:}"
+  [ -z "$failed" ] || { echo "$failed"; status=1; }
+}
