@@ -88,6 +88,10 @@ def main():
         total = all_reduce_ordered(loss.detach().reshape(1)) / world
         if rank == 0:
             print(f"step {step}: loss {total.item():.5f}")
+    # torch 2.11's gloo worker threads drop a finished collective's tensors a moment after the
+    # call returns; one that does so while the interpreter is finalizing aborts the process
+    # (pytorch/pytorch#190489). The barrier's round trip gives them that moment.
+    dist.barrier()
     dist.destroy_process_group()
 
 

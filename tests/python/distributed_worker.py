@@ -104,6 +104,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f, indent=1)
+    # torch 2.11's gloo worker threads drop a finished collective's tensors a moment after the
+    # call returns; one that does so while the interpreter is finalizing aborts the process
+    # (pytorch/pytorch#190489). The barrier's round trip gives them that moment.
+    dist.barrier()
     dist.destroy_process_group()
 
 
