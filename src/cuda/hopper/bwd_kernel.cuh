@@ -75,7 +75,8 @@ struct BwdLayout {
   static constexpr int kDs = kTile + kStages * kConsumers * kTileBytes;
   static constexpr int kKeyBias = kDs + 2 * kDsBytes;
   static constexpr int kStats = kKeyBias + 2 * kKeys * 4;
-  static constexpr int kBarriers = kStats + kStages * kStatsBytes;
+  static constexpr int kOutOffsets = kStats + kStages * kStatsBytes;  // per K/V stage: dQ, dK, dV item offsets
+  static constexpr int kBarriers = kOutOffsets + 2 * 3 * 8;
   static constexpr int kFixed = kBarriers + (2 * kStages + 8) * 8;
   static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;  // then [64 q_tiles][kHeadDim] floats
   static_assert(kHeadDim == 16 || kHeadDim == 32, "head-dim buckets 16 and 32");
@@ -199,6 +200,12 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
           tma_load<5>(smem + L::kK + at, &plan.k, &kv_full[kvs], {0, kb * L::kKeys + 64 * c, h, n, b});
           tma_load<5>(smem + L::kV + at, &plan.v, &kv_full[kvs], {0, kb * L::kKeys + 64 * c, h, n, b});
         }
+      }
+      if (lane == 0) {  // the item's output offsets: the consumers' epilogues do no divisions
+        int64_t* off = reinterpret_cast<int64_t*>(smem + L::kOutOffsets) + 3 * kvs;
+        off[0] = b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
+        off[1] = b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
+        off[2] = b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
       }
       float kbias[kC][2];
       load_key_biases<Element, kC>(kbias, p, plan.key_slots, plan.key_single_slot, b, n, h, kb * kC, lane);
@@ -397,9 +404,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
         fence_registers(dq_acc);
         mbarrier_arrive(&ds_empty[buf]);
         if (last_kb) {
-          int b, n, h;  // computed where used: fewer registers live across the loop
-          coords(bnh, b, n, h);
-          Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
+          const int64_t* off = reinterpret_cast<const int64_t*>(smem + L::kOutOffsets) + 3 * kvs;
+          Element* dq = static_cast<Element*>(p.dq) + off[0];
           const float scale[2] = {p.scale, p.scale};
           store_acc_rows<Element>(warp_tile(dq_acc), dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w, p.Lq,
                                   p.D, plan.pairs_dq, lane, scale);
@@ -410,16 +416,15 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
         }
       }
     }
+    const int64_t* off = reinterpret_cast<const int64_t*>(smem + L::kOutOffsets) + 3 * kvs;
+    Element* dk = static_cast<Element*>(p.dk) + off[1];
+    Element* dv = static_cast<Element*>(p.dv) + off[2];
     fence_proxy_async();
     mbarrier_arrive(&kv_empty[kvs]);
 
     // epilogue: this consumer's 64 keys of dK x scale and dV
     const int64_t key0 = int64_t{kb} * L::kKeys + 64 * c + 16 * w;
     const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
-    int b, n, h;
-    coords(bnh, b, n, h);
-    Element* dk = static_cast<Element*>(p.dk) + b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
-    Element* dv = static_cast<Element*>(p.dv) + b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
     store_acc_rows<Element>(warp_tile(dk_acc), dk, p.dk_stride.l, p.dk_stride.d, key0, p.Lk, p.D, plan.pairs_dk, lane, scale);
     store_acc_rows<Element>(warp_tile(dv_acc), dv, p.dv_stride.l, p.dv_stride.d, key0, p.Lk, p.D, plan.pairs_dv, lane, one);
   }

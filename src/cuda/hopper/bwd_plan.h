@@ -44,7 +44,7 @@ constexpr int64_t bwd_key_blocks(int consumers, int64_t Lk) { return (Lk + 64 * 
 constexpr size_t bwd_fixed_smem_bytes(int bucket, int consumers) {
   constexpr size_t s = kBwdStages;
   const size_t c = static_cast<size_t>(consumers), box = size_t{128} * bucket;
-  return 2 * 2 * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + (2 * s + 8) * 8;
+  return 2 * 2 * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + 2 * 3 * 8 + (2 * s + 8) * 8;
 }
 constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles) {
   return (bwd_fixed_smem_bytes(bucket, consumers) + 1023) / 1024 * 1024 +
