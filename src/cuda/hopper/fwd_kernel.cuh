@@ -241,8 +241,9 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   uint32_t pa[kPSets][4][4];
   RowSoftmax softmax;
   uint32_t it0 = 0;
-  const uint32_t tile_base = smem_addr(smem + L::kTile);
-  const uint32_t offset = tile_offset(w, lane);
+  // This thread's ldmatrix address in its consumer's bias box of stage 0 (a stage adds a whole
+  // number of 1024-byte boxes).
+  const uint32_t tile_box = smem_addr(smem + L::kTile + c * L::kBiasTileBytes) + tile_offset(w, lane);
 
   // The descriptors of Q and of stage 0's K and V; a stage or a k-step adds its offset (16-byte
   // units) to the start address field, which no tile in the 227 KB window overflows.
@@ -256,7 +257,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     const uint32_t s = stage_of(j);
     if (plan.has_tile) {
       init_scores<Element, true>(s_acc, key_bias + s * L::kRows,
-                                 tile_base + (s * L::kConsumers + c) * L::kBiasTileBytes, offset, plan.inv_scale, lane);
+                                 tile_box + s * L::kConsumers * L::kBiasTileBytes, 0, plan.inv_scale, lane);
     } else {
       init_scores<Element, false>(s_acc, key_bias + s * L::kRows, 0, 0, plan.inv_scale, lane);
     }
