@@ -145,6 +145,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   uint64_t* ds_full = kv_empty + 2;   // a dS^T buffer written by every consumer
   uint64_t* ds_empty = ds_full + 2;   // a dS^T buffer read by its dQ
   float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias);
+  int64_t* out_offsets = reinterpret_cast<int64_t*>(smem + L::kOutOffsets);  // 3 per K/V stage: dQ, dK, dV
   float* dq_smem = reinterpret_cast<float*>(smem + L::kDq);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
         }
       }
       if (lane == 0) {  // the item's output offsets: the consumers' epilogues do no divisions
-        int64_t* off = reinterpret_cast<int64_t*>(smem + L::kOutOffsets) + 3 * kvs;
+        int64_t* off = out_offsets + 3 * kvs;
         off[0] = b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
         off[1] = b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
         off[2] = b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
@@ -404,7 +405,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
         fence_registers(dq_acc);
         mbarrier_arrive(&ds_empty[buf]);
         if (last_kb) {
-          const int64_t* off = reinterpret_cast<const int64_t*>(smem + L::kOutOffsets) + 3 * kvs;
+          const int64_t* off = out_offsets + 3 * kvs;
           Element* dq = static_cast<Element*>(p.dq) + off[0];
           const float scale[2] = {p.scale, p.scale};
           store_acc_rows<Element>(warp_tile(dq_acc), dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w, p.Lq,
@@ -416,7 +417,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
         }
       }
     }
-    const int64_t* off = reinterpret_cast<const int64_t*>(smem + L::kOutOffsets) + 3 * kvs;
+    const int64_t* off = out_offsets + 3 * kvs;
     Element* dk = static_cast<Element*>(p.dk) + off[1];
     Element* dv = static_cast<Element*>(p.dv) + off[2];
     fence_proxy_async();
