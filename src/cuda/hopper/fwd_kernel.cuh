@@ -69,18 +69,18 @@ struct FwdLayout {
 
 
 // The tile's accumulators before S = Q K^T adds to them: the biases in the units of Q.K, key bias
-// (the stage's, already over the scale) plus tile bias / scale, from its box at shared address
-// `tile` (128-byte swizzled rows, read by ldmatrix at this thread's offset tile_offset(), the
-// same in every box). The wgmma then leaves y = Q.K + bias / scale, and the softmax takes
+// (the stage's, already over the scale) plus tile bias / scale, from its box (128-byte swizzled
+// rows) read by ldmatrix at `tile`: the box's shared address plus this thread's tile_offset(),
+// the same in every box. The wgmma then leaves y = Q.K + bias / scale, and the softmax takes
 // x = y scale log2 e with one FFMA in the exponent: a score costs the unpack and one FFMA here.
 template <typename Element, bool kTileBias>
 __device__ __forceinline__ void init_scores(float (&s_acc)[32], const float* key_bias, uint32_t tile,
-                                            uint32_t offset, float inv_scale, int lane) {
+                                            float inv_scale, int lane) {
   const int t = lane % 4;
   if constexpr (kTileBias) {
     for (int kp = 0; kp < 4; ++kp) {  // keys 16 kp .. 16 kp + 15
       uint32_t r[4];
-      ldmatrix_x4(r, (tile + offset) ^ (kp << 5));  // tile_offset() says why
+      ldmatrix_x4(r, tile ^ (kp << 5));  // tile_offset() says why
       for (int half = 0; half < 2; ++half) {  // column tiles 2 kp, 2 kp + 1
         const int j = 2 * kp + half;
         const float2 key = *reinterpret_cast<const float2*>(key_bias + 8 * j + 2 * t);
@@ -257,9 +257,9 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     const uint32_t s = stage_of(j);
     if (plan.has_tile) {
       init_scores<Element, true>(s_acc, key_bias + s * L::kRows,
-                                 tile_box + s * L::kConsumers * L::kBiasTileBytes, 0, plan.inv_scale, lane);
+                                 tile_box + s * L::kConsumers * L::kBiasTileBytes, plan.inv_scale, lane);
     } else {
-      init_scores<Element, false>(s_acc, key_bias + s * L::kRows, 0, 0, plan.inv_scale, lane);
+      init_scores<Element, false>(s_acc, key_bias + s * L::kRows, 0, plan.inv_scale, lane);
     }
     wgmma_fence();
     const uint64_t k_stage = k_desc + s * (L::kSeqTileBytes >> 4);
