@@ -4,7 +4,8 @@
 //   dims <= 32, 3 at <= 64, where Lq fills their blocks, else 2), one block per SM, walking work items
 //   (64 query rows a consumer, of one (b, n, h)); the ring of key tiles runs on across items
 //   warpgroup 0, the producer (kProducerRegisters a thread):
-//     warp 0: each item's Q by TMA once the consumers released the last one (q_empty); then per
+//     warp 0: each item's Q by TMA into one of two buffers, once the consumers released the item
+//             before last's (q_empty), so it loads while they work on the item before; then per
 //             key tile K, V and each consumer's tile-bias box by TMA into a stage of a kStages
 //             ring (full / empty mbarriers)
 //     warp 1: the key tile's key biases into the same stage: every key slot summed, over the
@@ -54,13 +55,14 @@ struct FwdLayout {
   static constexpr int kChunkBytes = kRows * kRowBytes;
   static constexpr int kSeqTileBytes = kChunks * kChunkBytes;
   static constexpr int kBiasTileBytes = kRows * kRows * 2;
+  static constexpr int kQBufferBytes = kConsumers * kSeqTileBytes;  // an item's Q, of two buffers
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kConsumers * kSeqTileBytes;
+  static constexpr int kK = kQ + 2 * kQBufferBytes;
   static constexpr int kV = kK + kStages * kSeqTileBytes;
   static constexpr int kTile = kV + kStages * kSeqTileBytes;
   static constexpr int kKeyBias = kTile + kStages * kConsumers * kBiasTileBytes;
   static constexpr int kBarriers = kKeyBias + kStages * kRows * 4;
-  static constexpr int kBytes = kBarriers + (2 + 2 * kStages) * 8 + 1024;
+  static constexpr int kBytes = kBarriers + (4 + 2 * kStages) * 8 + 1024;
   static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0 && kTile % 1024 == 0, "swizzle atoms stay aligned");
   static_assert(kBytes == fwd_smem_bytes(kHeadDim, kConsumers), "fwd_plan.h counts this layout");
   static_assert(kConsumers >= 2 && kConsumers <= fwd_max_consumers(kHeadDim), "consumers");
@@ -136,9 +138,9 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   // Offset from smem_raw (not a cast through an integer) so the compiler keeps the pointers in the
   // shared window (LDS, not generic loads).
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
-  uint64_t* q_empty = q_full + 1;
-  uint64_t* full = q_empty + 1;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);  // [2]: one a Q buffer
+  uint64_t* q_empty = q_full + 2;
+  uint64_t* full = q_empty + 2;
   uint64_t* empty = full + L::kStages;
   float* key_bias = reinterpret_cast<float*>(smem + L::kKeyBias);
 
@@ -152,8 +154,10 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   const uint32_t items = static_cast<uint32_t>(p.B * p.N * p.H) * plan.q_blocks;
 
   if (threadIdx.x == 0) {
-    mbarrier_init(q_full, 1);
-    mbarrier_init(q_empty, L::kConsumers * 128);    // each consumer thread, after its item's last QK^T
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&q_full[b], 1);
+      mbarrier_init(&q_empty[b], L::kConsumers * 128);  // each consumer thread, after its item's last QK^T
+    }
     for (int s = 0; s < L::kStages; ++s) {
       mbarrier_init(&full[s], 1 + 32);              // the TMA thread and the key-bias warp
       mbarrier_init(&empty[s], L::kConsumers * 128);  // each consumer thread
@@ -170,12 +174,13 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
       uint32_t it0 = 0, local = 0;
       for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
         const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
-        if (local > 0) mbarrier_wait_suspend(q_empty, (local - 1) & 1);
-        mbarrier_arrive_expect_tx(q_full, L::kConsumers * L::kSeqTileBytes);
+        const uint32_t qb = local & 1;  // Q's buffer, used by items local - 2, local, ...
+        if (local >= 2) mbarrier_wait_suspend(&q_empty[qb], ((local >> 1) - 1) & 1);
+        mbarrier_arrive_expect_tx(&q_full[qb], L::kQBufferBytes);
         for (int c = 0; c < L::kConsumers; ++c)
           for (int ch = 0; ch < L::kChunks; ++ch)
-            tma_load<5>(smem + L::kQ + c * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.q, q_full,
-                        {ch * 64, x.q_block + c * L::kRows, x.h, x.n, x.b});
+            tma_load<5>(smem + L::kQ + qb * L::kQBufferBytes + c * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.q,
+                        &q_full[qb], {ch * 64, x.q_block + c * L::kRows, x.h, x.n, x.b});
         const int th = plan.tile_varies_h ? x.h : 0, tn = plan.tile_varies_n ? x.n : 0,
                   tb = plan.tile_varies_b ? x.b : 0;
         for (int j = 0; j < plan.k_tiles; ++j) {
@@ -245,9 +250,12 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   // number of 1024-byte boxes).
   const uint32_t tile_box = smem_addr(smem + L::kTile + c * L::kBiasTileBytes) + tile_offset(w, lane);
 
-  // The descriptors of Q and of stage 0's K and V; a stage or a k-step adds its offset (16-byte
-  // units) to the start address field, which no tile in the 227 KB window overflows.
-  const uint64_t q_desc = smem_desc<L::kRowBytes>(q_tile, 16, 8 * L::kRowBytes);
+  // The descriptors of Q's buffer 0 and of stage 0's K and V; a buffer, a stage or a k-step adds
+  // its offset (16-byte units) to the start address field, which no tile in the 227 KB window
+  // overflows.
+  const uint64_t q_desc0 = smem_desc<L::kRowBytes>(q_tile, 16, 8 * L::kRowBytes);
+  uint64_t q_desc = q_desc0;     // the item's Q buffer
+  uint64_t* q_release = q_empty;  // and its release
   const uint64_t k_desc = smem_desc<L::kRowBytes>(smem + L::kK, 16, 8 * L::kRowBytes);
   const uint64_t v_desc = smem_desc<L::kRowBytes>(smem + L::kV, L::kChunkBytes, 8 * L::kRowBytes);
   auto stage_of = [&](int j) { return (it0 + j) % L::kStages; };
@@ -298,7 +306,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     issue_pv(j - 1, p_prev);
     wgmma_wait<1>();
     fence_registers(s_acc);
-    if (j + 1 == plan.k_tiles) arrive(q_empty);
+    if (j + 1 == plan.k_tiles) arrive(q_release);
     const bool moved = softmax.update(s_acc, p.scale_log2, false);
     if constexpr (kPSets == 2) softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
     wgmma_wait<0>();
@@ -311,12 +319,15 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   uint32_t local = 0;
   for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
     const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
+    const uint32_t qb = local & 1, q_phase = (local >> 1) & 1;
+    q_desc = q_desc0 + qb * (L::kQBufferBytes >> 4);
+    q_release = &q_empty[qb];
     if (x.q_block + L::kRows * c >= p.Lq) {
       // Rows past Lq only (the last q-block of a ragged Lq): keep the ring's count, skip the work.
       // Q's arrival waits for the item's Q as the others' do: an arrival before it would count
       // towards the previous item's release while the other consumers still read its Q.
-      mbarrier_wait(q_full, local & 1);
-      arrive(q_empty);
+      mbarrier_wait(&q_full[qb], q_phase);
+      arrive(q_release);
       for (int j = 0; j < plan.k_tiles; ++j) {
         wait_full(j);
         arrive(&empty[(it0 + j) % L::kStages]);
@@ -325,12 +336,12 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     }
     for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.0f;
     softmax = RowSoftmax{};
-    mbarrier_wait(q_full, local & 1);
+    mbarrier_wait(&q_full[qb], q_phase);
     wait_full(0);
     issue_qk(0);
     wgmma_wait<0>();
     fence_registers(s_acc);
-    if (plan.k_tiles == 1) arrive(q_empty);
+    if (plan.k_tiles == 1) arrive(q_release);
     softmax.update(s_acc, p.scale_log2, true);  // softmax of tile 0 (O needs no rescale yet)
     softmax.exponentiate<Element>(s_acc, p.scale_log2, pa[0]);
     if constexpr (kPSets == 1) {

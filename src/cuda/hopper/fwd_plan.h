@@ -98,14 +98,14 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
 // behind the consumers' work on the tiles before it.
 constexpr int fwd_stages(int head_dim_bucket) { return head_dim_bucket <= 64 ? 4 : 3; }
 
-// The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): a Q
-// tile per consumer; the stages of K, V, a tile-bias box per consumer and 64 key biases; their
-// mbarriers and Q's two; 1 KB to align the base to 1024 bytes.
+// The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): two
+// buffers of a Q tile per consumer; the stages of K, V, a tile-bias box per consumer and 64 key
+// biases; their mbarriers and Q's four; 1 KB to align the base to 1024 bytes.
 constexpr size_t fwd_smem_bytes(int head_dim_bucket, int consumer_count) {
   const size_t seq_tile = size_t{64} * head_dim_bucket * 2;
   const size_t stages = fwd_stages(head_dim_bucket), consumers = consumer_count;
-  return consumers * seq_tile + stages * (2 * seq_tile + consumers * 64 * 64 * 2 + 64 * 4) + (2 + 2 * stages) * 8 +
-         1024;
+  return 2 * consumers * seq_tile + stages * (2 * seq_tile + consumers * 64 * 64 * 2 + 64 * 4) +
+         (4 + 2 * stages) * 8 + 1024;
 }
 
 }  // namespace evoattn::cuda::hopper
