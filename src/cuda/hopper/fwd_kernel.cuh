@@ -118,17 +118,49 @@ __device__ __forceinline__ uint32_t tile_offset(int w, int lane) {
 struct FwdItem {
   int q_block, h, n, b;
 };
-template <int kBlockRows>
-__device__ __forceinline__ FwdItem fwd_item(uint32_t item, const FwdPlan& plan, const FwdParams& p) {
-  FwdItem it;
-  it.q_block = static_cast<int>(item % plan.q_blocks) * kBlockRows;
-  item /= plan.q_blocks;
-  it.h = static_cast<int>(item % p.H);
-  item /= p.H;
-  it.n = static_cast<int>(item % p.N);
-  it.b = static_cast<int>(item / p.N);
-  return it;
-}
+
+// A block's walk over its items first, first + G, first + 2G, ... (G = gridDim.x): the item's
+// coordinates as the digits of a mixed radix (the q-block's index fastest, then h, n, b), advanced
+// by adding G's digits with their carries (each at most one: both digits are below the radix).
+// Decoding each item's index took three 32-bit divisions, about a hundred instructions a warp.
+struct FwdItemWalk {
+  int q, h, n, b;      // the item's digits
+  int dq, dh, dn, db;  // G's
+
+  __device__ __forceinline__ FwdItemWalk(uint32_t first, uint32_t stride, const FwdPlan& plan, const FwdParams& p) {
+    digits(first, plan, p, q, h, n, b);
+    digits(stride, plan, p, dq, dh, dn, db);
+  }
+  template <int kBlockRows>
+  __device__ __forceinline__ FwdItem item() const {
+    return {q * kBlockRows, h, n, b};
+  }
+  __device__ __forceinline__ void advance(const FwdPlan& plan, const FwdParams& p) {
+    const int H = static_cast<int>(p.H), N = static_cast<int>(p.N);
+    q += dq;
+    int carry = q >= plan.q_blocks;
+    q -= carry ? plan.q_blocks : 0;
+    h += dh + carry;
+    carry = h >= H;
+    h -= carry ? H : 0;
+    n += dn + carry;
+    carry = n >= N;
+    n -= carry ? N : 0;
+    b += db + carry;
+  }
+
+ private:
+  __device__ __forceinline__ static void digits(uint32_t item, const FwdPlan& plan, const FwdParams& p, int& q,
+                                                int& h, int& n, int& b) {
+    const uint32_t H = static_cast<uint32_t>(p.H), N = static_cast<uint32_t>(p.N);
+    q = static_cast<int>(item % static_cast<uint32_t>(plan.q_blocks));
+    item /= static_cast<uint32_t>(plan.q_blocks);
+    h = static_cast<int>(item % H);
+    item /= H;
+    n = static_cast<int>(item % N);
+    b = static_cast<int>(item / N);
+  }
+};
 
 template <typename Element, int kHeadDim, int kConsumers>
 __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
@@ -172,8 +204,10 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     if (warp == 0 && lane == 0) {
       const uint32_t bytes = 2 * L::kSeqTileBytes + (plan.has_tile ? L::kConsumers * L::kBiasTileBytes : 0);
       uint32_t it0 = 0, local = 0;
-      for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
-        const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
+      FwdItemWalk walk(blockIdx.x, gridDim.x, plan, p);
+      for (uint32_t item = blockIdx.x; item < items;
+           item += gridDim.x, ++local, it0 += plan.k_tiles, walk.advance(plan, p)) {
+        const FwdItem x = walk.item<L::kBlockRows>();
         const uint32_t qb = local & 1;  // Q's buffer, used by items local - 2, local, ...
         if (local >= 2) mbarrier_wait_suspend(&q_empty[qb], ((local >> 1) - 1) & 1);
         mbarrier_arrive_expect_tx(&q_full[qb], L::kQBufferBytes);
@@ -207,8 +241,9 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
       // ptxas spilled).
       constexpr int kGroup = L::kConsumers >= 3 ? L::kStages : 2;
       uint32_t it0 = 0;
-      for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, it0 += plan.k_tiles) {
-        const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
+      FwdItemWalk walk(blockIdx.x, gridDim.x, plan, p);
+      for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, it0 += plan.k_tiles, walk.advance(plan, p)) {
+        const FwdItem x = walk.item<L::kBlockRows>();
         float next[kGroup][2];
         load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n, x.h, 0, lane);
         for (int j0 = 0; j0 < plan.k_tiles; j0 += kGroup) {
@@ -317,8 +352,9 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   };
 
   uint32_t local = 0;
-  for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles) {
-    const FwdItem x = fwd_item<L::kBlockRows>(item, plan, p);
+  FwdItemWalk walk(blockIdx.x, gridDim.x, plan, p);
+  for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles, walk.advance(plan, p)) {
+    const FwdItem x = walk.item<L::kBlockRows>();
     const uint32_t qb = local & 1, q_phase = (local >> 1) & 1;
     q_desc = q_desc0 + qb * (L::kQBufferBytes >> 4);
     q_release = &q_empty[qb];
