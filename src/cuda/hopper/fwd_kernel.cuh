@@ -121,8 +121,9 @@ struct FwdItem {
 
 // A block's walk over its items first, first + G, first + 2G, ... (G = gridDim.x): the item's
 // coordinates as the digits of a mixed radix (the q-block's index fastest, then h, n, b), advanced
-// by adding G's digits with their carries (each at most one: both digits are below the radix).
-// Decoding each item's index took three 32-bit divisions, about a hundred instructions a warp.
+// by adding G's digits with their carries (each at most one: both digits are below the radix),
+// where decoding each item's index costs three divisions (by the 64-bit H and N: a branch to a
+// 32-bit path or a call) at the start of every item, in every warp.
 struct FwdItemWalk {
   int q, h, n, b;      // the item's digits
   int dq, dh, dn, db;  // G's
