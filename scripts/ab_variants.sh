@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# A same-machine A/B of several stacked versions of the kernels: main, then main with the first
+# patch, with the first two, ... Built on a machine without a GPU, timed on a GPU machine.
+#   usage (here, no GPU):  scripts/ab_variants.sh build PATCH...
+#     applies the patches to the working tree one after another, rebuilds the CLI after each
+#     (scripts/prebuild_gpu.sh's build-gpu, incremental), keeps each CLI and the last version's
+#     test binary in build-ab/, packs them into build-ab/bins.txz (under the device tool's 64 MiB
+#     carry) and restores the working tree. The tree must be clean.
+#   usage (GPU machine, the device tool's carry ["build-ab/bins.txz"]):
+#          scripts/ab_variants.sh run [ROUNDS]
+#     the suite with every version in turn, ROUNDS times (default 2), one line a shape and
+#     version (fwd ms, f+b ms) and the per-version means, then the last version's Hopper-family
+#     cases (gpu_check.sh hopper) and its CUDA cases under the automatic choice; logs in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?usage: scripts/ab_variants.sh build PATCH... | run [ROUNDS]}
+shift
+if [ "$mode" = build ]; then
+  [ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "the working tree has changes"; exit 1; }
+  rm -rf build-ab && mkdir -p build-ab/v0
+  bash scripts/prebuild_gpu.sh build-ab/carry > /dev/null || exit 1
+  cp build-gpu/tools/cli/evoattn build-ab/v0/
+  n=0 names="v0"
+  for patch in "$@"; do
+    n=$((n + 1))
+    git apply "$patch" || { git checkout -- .; exit 1; }
+    cmake --build build-gpu -j"$(nproc)" --target evoattn_cli evoattn_tests > /dev/null || { git checkout -- .; exit 1; }
+    mkdir -p "build-ab/v$n" && cp build-gpu/tools/cli/evoattn "build-ab/v$n/"
+    echo "v$n: $patch"
+    names="$names v$n"
+  done
+  cp build-gpu/tests/cpp/evoattn_tests "build-ab/v$n/"
+  git checkout -- . && cmake --build build-gpu -j"$(nproc)" --target evoattn_cli evoattn_tests > /dev/null
+  rm -rf build-ab/carry
+  echo "$names" > build-ab/names
+  (cd build-ab && tar -cJf bins.txz names $(for v in $names; do echo "$v/evoattn"; done) "v$n/evoattn_tests")
+  ls -l build-ab/bins.txz
+  exit 0
+fi
+[ "$mode" = run ] || { echo "unknown mode $mode"; exit 1; }
+OUT=${OUT:-$PWD/ab-results}
+mkdir -p "$OUT"
+python3 -c "import tarfile; tarfile.open('build-ab/bins.txz').extractall('build-ab')"
+read -r -a names < build-ab/names
+last=${names[${#names[@]}-1]}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+for round in $(seq 1 "${1:-2}"); do
+  for v in "${names[@]}"; do
+    "build-ab/$v/evoattn" bench --suite --backend cuda --dtype bf16 2>&1 | awk 'NR > 3' |
+      tee -a "$OUT/bench_$v.txt" | awk -v tag="$v.$round" '{print tag, $1, $(NF-6), $(NF-4)}'
+  done
+done
+echo "means (fwd ms, f+b ms):"
+for v in "${names[@]}"; do
+  awk -v v="$v" '{f[$1] += $(NF-6); b[$1] += $(NF-4); c[$1]++} END {for (s in f) printf "%s %s %.4g %.4g\n", v, s, f[s] / c[s], b[s] / c[s]}' \
+    "$OUT/bench_$v.txt" | sort -k2
+done
+mkdir -p "build-ab/tb/tests/cpp" "build-ab/tb/tools/cli"
+cp "build-ab/$last/evoattn_tests" build-ab/tb/tests/cpp/ && cp "build-ab/$last/evoattn" build-ab/tb/tools/cli/
+OUT=$OUT/hopper PREBUILT=build-ab/tb bash scripts/gpu_check.sh hopper | tail -2
+export BUILD=build-ab/tb
+status=0
+source scripts/run_shards.sh
+run_shards cuda_auto auto '*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*'
+exit $status
