@@ -11,6 +11,8 @@
 #     the suite with every version in turn, ROUNDS times (default 2), one line a shape and
 #     version (fwd ms, f+b ms) and the per-version means, then the last version's Hopper-family
 #     cases (gpu_check.sh hopper) and its CUDA cases under the automatic choice; logs in $OUT.
+#     Four versions' suites take about 3.5 minutes, the tests about 7: TESTS=0 skips them,
+#     TESTS=only runs them alone (a second device call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/ab_variants.sh build PATCH... | run [ROUNDS]}
@@ -44,17 +46,19 @@ python3 -c "import tarfile; tarfile.open('build-ab/bins.txz').extractall('build-
 read -r -a names < build-ab/names
 last=${names[${#names[@]}-1]}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-for round in $(seq 1 "${1:-2}"); do
+TESTS=${TESTS:-1}
+[ "$TESTS" = only ] || for round in $(seq 1 "${1:-2}"); do
   for v in "${names[@]}"; do
     "build-ab/$v/evoattn" bench --suite --backend cuda --dtype bf16 2>&1 | awk 'NR > 3' |
       tee -a "$OUT/bench_$v.txt" | awk -v tag="$v.$round" '{print tag, $1, $(NF-6), $(NF-4)}'
   done
 done
-echo "means (fwd ms, f+b ms):"
-for v in "${names[@]}"; do
+[ "$TESTS" = only ] || echo "means (fwd ms, f+b ms):"
+[ "$TESTS" = only ] || for v in "${names[@]}"; do
   awk -v v="$v" '{f[$1] += $(NF-6); b[$1] += $(NF-4); c[$1]++} END {for (s in f) printf "%s %s %.4g %.4g\n", v, s, f[s] / c[s], b[s] / c[s]}' \
     "$OUT/bench_$v.txt" | sort -k2
 done
+[ "$TESTS" = 0 ] && exit 0
 mkdir -p "build-ab/tb/tests/cpp" "build-ab/tb/tools/cli"
 cp "build-ab/$last/evoattn_tests" build-ab/tb/tests/cpp/ && cp "build-ab/$last/evoattn" build-ab/tb/tools/cli/
 OUT=$OUT/hopper PREBUILT=build-ab/tb bash scripts/gpu_check.sh hopper | tail -2
