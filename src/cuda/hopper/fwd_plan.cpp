@@ -47,7 +47,10 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   if (family == Family::kPortable || p.D > kMaxHeadDim || !(p.scale >= kFwdMinScale)) return false;
   const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers_for(bucket, p.Lq);
   const int64_t items = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
-  if (items >= (int64_t{1} << 31)) return false;
+  // FwdItemWalk adds two digits below their radix in int32: B, N and H below 2^30 (the q-block
+  // count is far below it: 2^30 q-blocks would be 2^37 rows of Q).
+  constexpr int64_t kDigitLimit = int64_t{1} << 30;
+  if (items >= (int64_t{1} << 31) || p.B >= kDigitLimit || p.N >= kDigitLimit || p.H >= kDigitLimit) return false;
   const int sms = hopper_sms(p.device);
   if (sms == 0) return false;
   if (family == Family::kAuto && !fwd_auto_prefers_hopper(bucket, consumers, p.Lq, items, sms)) return false;
