@@ -51,6 +51,8 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   // count is far below it: 2^30 q-blocks would be 2^37 rows of Q).
   constexpr int64_t kDigitLimit = int64_t{1} << 30;
   if (items >= (int64_t{1} << 31) || p.B >= kDigitLimit || p.N >= kDigitLimit || p.H >= kDigitLimit) return false;
+  // A block's ring counter (uint32) counts every key tile of its items: it must not wrap.
+  if (items * ((p.Lk + 63) / 64) >= (int64_t{1} << 32)) return false;
   const int sms = hopper_sms(p.device);
   if (sms == 0) return false;
   if (family == Family::kAuto && !fwd_auto_prefers_hopper(bucket, consumers, p.Lq, items, sms)) return false;

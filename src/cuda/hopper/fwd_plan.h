@@ -77,7 +77,7 @@ constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64
 // Hopper family, the current device has compute capability 9.x, the family asked for is hopper
 // (or auto, where fwd_auto_prefers_hopper), Q, K, V and the tile bias (if any: at most one, the
 // fast tile) are laid out as TMA takes them, O has unit stride along D, the scale is at least
-// kFwdMinScale, and the grid fits (items below 2^31; B, N and H below 2^30).
+// kFwdMinScale, and the grid fits (items below 2^31; B, N and H below 2^30; items times key tiles below 2^32).
 bool fwd_usable(const FwdParams& p, const LaunchPlan& plan);
 
 // The SM count of `device` where it is a GPU of compute capability 9.x and the driver encodes
