@@ -36,7 +36,7 @@ wait
 if [ "$TESTS" != 0 ] && [ -n "${PREBUILT:-}" ]; then
   # ctest's files name the building machine's paths: the test binary itself, in shards.
   source "$(dirname "$0")/run_shards.sh"
-  run_shards tests_b auto '*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*' 
+  run_shards tests_b auto "$CUDA_CASES"
 elif [ "$TESTS" != 0 ]; then
   (cd "$BUILD" && ctest -j4 --timeout 600 -R "cuda|Workspace|CudaGraph|LargeIndex|SmallGpu" > "$OUT/ctest_b.log" 2>&1)
   grep -E "tests passed|tests failed|\(Failed\)" "$OUT/ctest_b.log" | head -20

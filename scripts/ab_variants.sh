@@ -65,5 +65,5 @@ OUT=$OUT/hopper PREBUILT=build-ab/tb bash scripts/gpu_check.sh hopper | tail -2
 export BUILD=build-ab/tb
 status=0
 source scripts/run_shards.sh
-run_shards cuda_auto auto '*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*'
+run_shards cuda_auto auto "$CUDA_CASES"
 exit $status

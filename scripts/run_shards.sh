@@ -2,6 +2,9 @@
 # (the float64 references are the cost) under one kernel family, into $OUT/<name>.log; prints the
 # passed and skipped counts and any failure, and sets status=1 on one.
 #   usage: run_shards NAME FAMILY GTEST_FILTER     (needs BUILD and OUT; FAMILY may be auto)
+# Every case that runs a GPU kernel (the CUDA instances of the grids, workspace, CUDA graph,
+# large-index and small-GPU cases, the kernel-family and Hopper-plan tests).
+CUDA_CASES='*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*'
 run_shards() {
   local name=$1 family=$2 filter=$3 shards passed failed
   shards=$(nproc)
