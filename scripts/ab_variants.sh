@@ -11,8 +11,10 @@
 #     the suite with every version in turn, ROUNDS times (default 2), one line a shape and
 #     version (fwd ms, f+b ms) and the per-version means, then the last version's Hopper-family
 #     cases (gpu_check.sh hopper) and its CUDA cases under the automatic choice; logs in $OUT.
-#     Four versions' suites take about 3.5 minutes, the tests about 7: TESTS=0 skips them,
-#     TESTS=only runs them alone (a second device call).
+#     The tests take about 7 minutes: TESTS=0 skips them,
+#     TESTS=only runs them alone (a second device call). AB_ENV="v1:NAME=VALUE ..." adds runs of
+#     a version under an environment variable (an experiment's switch), tagged v1:NAME=VALUE.
+#     Each suite takes about 45 s on an H200 (2026-12-03): mind the call's 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/ab_variants.sh build PATCH... | run [ROUNDS]}
@@ -45,18 +47,23 @@ mkdir -p "$OUT"
 python3 -c "import tarfile; tarfile.open('build-ab/bins.txz').extractall('build-ab')"
 read -r -a names < build-ab/names
 last=${names[${#names[@]}-1]}
+read -r -a runs <<< "${names[*]} ${AB_ENV:-}"
+# A run's version (before ':') and its environment assignment (after it, if any).
+version() { echo "${1%%:*}"; }
+assignment() { [[ $1 == *:* ]] && echo "${1#*:}"; }
+file_of() { echo "$OUT/bench_${1//[^A-Za-z0-9_.=-]/_}.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 TESTS=${TESTS:-1}
 [ "$TESTS" = only ] || for round in $(seq 1 "${1:-2}"); do
-  for v in "${names[@]}"; do
-    "build-ab/$v/evoattn" bench --suite --backend cuda --dtype bf16 2>&1 | awk 'NR > 3' |
-      tee -a "$OUT/bench_$v.txt" | awk -v tag="$v.$round" '{print tag, $1, $(NF-6), $(NF-4)}'
+  for r in "${runs[@]}"; do
+    env $(assignment "$r") "build-ab/$(version "$r")/evoattn" bench --suite --backend cuda --dtype bf16 2>&1 |
+      awk 'NR > 3' | tee -a "$(file_of "$r")" | awk -v tag="$r.$round" '{print tag, $1, $(NF-6), $(NF-4)}'
   done
 done
 [ "$TESTS" = only ] || echo "means (fwd ms, f+b ms):"
-[ "$TESTS" = only ] || for v in "${names[@]}"; do
-  awk -v v="$v" '{f[$1] += $(NF-6); b[$1] += $(NF-4); c[$1]++} END {for (s in f) printf "%s %s %.4g %.4g\n", v, s, f[s] / c[s], b[s] / c[s]}' \
-    "$OUT/bench_$v.txt" | sort -k2
+[ "$TESTS" = only ] || for r in "${runs[@]}"; do
+  awk -v v="$r" '{f[$1] += $(NF-6); b[$1] += $(NF-4); c[$1]++} END {for (s in f) printf "%s %s %.4g %.4g\n", v, s, f[s] / c[s], b[s] / c[s]}' \
+    "$(file_of "$r")" | sort -k2
 done
 [ "$TESTS" = 0 ] && exit 0
 mkdir -p "build-ab/tb/tests/cpp" "build-ab/tb/tools/cli"
