@@ -12,8 +12,8 @@
 #     version (fwd ms, f+b ms) and the per-version means, then the last version's Hopper-family
 #     cases (gpu_check.sh hopper) and its CUDA cases under the automatic choice; logs in $OUT.
 #     The tests take about 7 minutes: TESTS=0 skips them,
-#     TESTS=only runs them alone (a second device call). AB_ENV="v1:NAME=VALUE ..." adds runs of
-#     a version under an environment variable (an experiment's switch), tagged v1:NAME=VALUE.
+#     TESTS=only runs them alone (a second device call). AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
+#     adds runs of a version under environment variables (an experiment's switch), tagged so.
 #     Each suite takes about 45 s on an H200 (2026-12-03): mind the call's 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +50,7 @@ last=${names[${#names[@]}-1]}
 read -r -a runs <<< "${names[*]} ${AB_ENV:-}"
 # A run's version (before ':') and its environment assignment (after it, if any).
 version() { echo "${1%%:*}"; }
-assignment() { [[ $1 == *:* ]] && echo "${1#*:}"; }
+assignment() { [[ $1 == *:* ]] && echo "${1#*:}" | tr ',' ' '; }
 file_of() { echo "$OUT/bench_${1//[^A-Za-z0-9_.=-]/_}.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 TESTS=${TESTS:-1}
