@@ -54,17 +54,19 @@ assignment() { [[ $1 == *:* ]] && echo "${1#*:}" | tr ',' ' '; }
 file_of() { echo "$OUT/bench_${1//[^A-Za-z0-9_.=-]/_}.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 TESTS=${TESTS:-1}
-[ "$TESTS" = only ] || for round in $(seq 1 "${1:-2}"); do
-  for r in "${runs[@]}"; do
-    env $(assignment "$r") "build-ab/$(version "$r")/evoattn" bench --suite --backend cuda --dtype bf16 2>&1 |
-      awk 'NR > 3' | tee -a "$(file_of "$r")" | awk -v tag="$r.$round" '{print tag, $1, $(NF-6), $(NF-4)}'
+if [ "$TESTS" != only ]; then
+  for round in $(seq 1 "${1:-2}"); do
+    for r in "${runs[@]}"; do
+      env $(assignment "$r") "build-ab/$(version "$r")/evoattn" bench --suite --backend cuda --dtype bf16 2>&1 |
+        awk 'NR > 3' | tee -a "$(file_of "$r")" | awk -v tag="$r.$round" '{print tag, $1, $(NF-6), $(NF-4)}'
+    done
   done
-done
-[ "$TESTS" = only ] || echo "means (fwd ms, f+b ms):"
-[ "$TESTS" = only ] || for r in "${runs[@]}"; do
-  awk -v v="$r" '{f[$1] += $(NF-6); b[$1] += $(NF-4); c[$1]++} END {for (s in f) printf "%s %s %.4g %.4g\n", v, s, f[s] / c[s], b[s] / c[s]}' \
-    "$(file_of "$r")" | sort -k2
-done
+  echo "means (fwd ms, f+b ms):"
+  for r in "${runs[@]}"; do
+    awk -v v="$r" '{f[$1] += $(NF-6); b[$1] += $(NF-4); c[$1]++} END {for (s in f) printf "%s %s %.4g %.4g\n", v, s, f[s] / c[s], b[s] / c[s]}' \
+      "$(file_of "$r")" | sort -k2
+  done
+fi
 [ "$TESTS" = 0 ] && exit 0
 mkdir -p "build-ab/tb/tests/cpp" "build-ab/tb/tools/cli"
 cp "build-ab/$last/evoattn_tests" build-ab/tb/tests/cpp/ && cp "build-ab/$last/evoattn" build-ab/tb/tools/cli/
