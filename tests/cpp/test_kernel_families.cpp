@@ -126,20 +126,21 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
 }
 
 // The automatic choice (EVOATTN_KERNEL_FAMILY unset) takes the Hopper forward where
-// fwd_auto_prefers_hopper says it is faster (three consumers: Lq = 384 at head dims 32 and 64;
-// four: Lq = 256 at head dim 16), bit for bit the forced Hopper one, and the portable forward
-// elsewhere (head dim 64 at Lq = 256: two consumers). 640 (b, n, h) keep every SM of an H100 or
-// H200 busy.
+// fwd_auto_prefers_hopper says it is faster, given work items enough for every SM (N = 160:
+// 640 (b, n, h) at least, on two, three and four consumers and head dims 32, 64, 128, 16), bit for
+// bit the forced Hopper one, and the portable forward with too few (N = 8: 64 items, below four a
+// block on a GPU of more than 16 SMs).
 TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
   std::mt19937_64 rng(97);
   struct Shape {
-    int64_t L, D;
+    int64_t N, L, D;
     bool hopper;
   };
-  for (const Shape& shape : {Shape{384, 32, true}, Shape{384, 64, true}, Shape{256, 16, true}, Shape{256, 64, false}}) {
-    SCOPED_TRACE("L" + std::to_string(shape.L) + " D" + std::to_string(shape.D));
-    Inputs in(rng, 1, 160, shape.L, 4, shape.D);
+  for (const Shape& shape : {Shape{160, 384, 32, true}, Shape{160, 256, 64, true}, Shape{160, 128, 128, true},
+                             Shape{160, 256, 16, true}, Shape{8, 256, 64, false}}) {
+    SCOPED_TRACE("N" + std::to_string(shape.N) + " L" + std::to_string(shape.L) + " D" + std::to_string(shape.D));
+    Inputs in(rng, 1, shape.N, shape.L, 4, shape.D);
     const auto automatic = in.forward("auto");
     const auto hopper = in.forward("hopper");
     const auto portable = in.forward("portable");
@@ -316,18 +317,13 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_EQ(fwd_consumers_for(16, 384), 3);  // 512 rows with four
   EXPECT_EQ(fwd_consumers_for(16, 768), 4);
   EXPECT_EQ(fwd_consumers_for(128, 768), 2);  // no three-consumer instantiation at 128
-  // The automatic choice: the suite shapes where the Hopper forward measured faster (132 SMs).
+  // The automatic choice: the Hopper forward from four work items a block (132 SMs).
   using cuda::hopper::fwd_auto_prefers_hopper;
-  EXPECT_TRUE(fwd_auto_prefers_hopper(32, 3, 768, 768 * 4 * 4, 132));      // tri768
-  EXPECT_TRUE(fwd_auto_prefers_hopper(32, 3, 512, 256 * 8 * 3, 132));      // msacol
-  EXPECT_TRUE(fwd_auto_prefers_hopper(32, 3, 384, 4 * 384 * 4 * 2, 132));  // b4tri384
-  EXPECT_TRUE(fwd_auto_prefers_hopper(16, 3, 384, 5120 * 8 * 2, 132));     // extramsa (head dim 8)
-  EXPECT_TRUE(fwd_auto_prefers_hopper(32, 2, 256, 512 * 8 * 2, 132));      // msarow
-  EXPECT_TRUE(fwd_auto_prefers_hopper(32, 2, 256, 256 * 4 * 2, 132));      // tri256
-  EXPECT_FALSE(fwd_auto_prefers_hopper(32, 3, 768, 1 * 16 * 4, 132));      // apb768: 64 items
-  EXPECT_FALSE(fwd_auto_prefers_hopper(16, 2, 256, 4 * 256 * 4 * 2, 132)); // template (head dim 16)
-  EXPECT_FALSE(fwd_auto_prefers_hopper(64, 2, 256, 256 * 8 * 2, 132));     // tri256d64
-  EXPECT_FALSE(fwd_auto_prefers_hopper(32, 2, 128, 256 * 8 * 1, 132));     // Lq = 128
+  EXPECT_TRUE(fwd_auto_prefers_hopper(768 * 4 * 4, 132));      // tri768
+  EXPECT_TRUE(fwd_auto_prefers_hopper(256 * 8 * 2, 132));      // tri256d64 (two consumers)
+  EXPECT_TRUE(fwd_auto_prefers_hopper(528, 132));
+  EXPECT_FALSE(fwd_auto_prefers_hopper(527, 132));
+  EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 4, 132));      // apb768: 64 items
   // The backward: the suite shapes where the Hopper backward measured faster, and the Lq its
   // resident running dQ fits (up to 13 query tiles in 227 KB at head-dim bucket 32, 33 at 16).
   using cuda::hopper::bwd_auto_prefers_hopper;

@@ -55,7 +55,7 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   if (items * ((p.Lk + 63) / 64) >= (int64_t{1} << 32)) return false;
   const int sms = hopper_sms(p.device);
   if (sms == 0) return false;
-  if (family == Family::kAuto && !fwd_auto_prefers_hopper(bucket, consumers, p.Lq, items, sms)) return false;
+  if (family == Family::kAuto && !fwd_auto_prefers_hopper(items, sms)) return false;
   if (!tile_takes_tma(p, plan)) return false;
   if (p.o_stride.d != 1) return false;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) ||

@@ -60,18 +60,13 @@ constexpr float kFwdMinScale = 1.0f / 65536.0f;
 enum class Family { kAuto, kHopper, kPortable };
 Family requested_family();
 
-// The automatic choice between the forwards on a 9.x GPU: the Hopper one where it measured faster
-// than the portable one (docs/perf/log.md v43), given work items enough to keep every SM's block
-// busy a while (4 a block; apb768's 64 items were 8% slower): three or four consumer warpgroups at
-// every head-dim bucket they exist for (three at 16, 32, 64: 3-26% faster; four at 16: template
-// 20% faster, v47; four at 32: tri256, msarow, msacol 17-21% and tri768 10% faster than two or
-// three, v48), and two at bucket 32 from Lq = 256 (msarow 6% faster, tri256 level; Lq = 128 was
-// 7% slower). Two consumers at buckets 16 and 64 were slower or level (template 19% slower,
-// tri256d64 level): the portable forward.
-constexpr bool fwd_auto_prefers_hopper(int head_dim_bucket, int consumers, int64_t Lq, int64_t items, int sms) {
-  if (items < int64_t{4} * sms) return false;
-  return consumers >= 3 || (head_dim_bucket == 32 && Lq >= 256);
-}
+// The automatic choice between the forwards on a 9.x GPU: the Hopper one wherever it has work
+// items enough to keep every SM's block busy a while (4 a block; apb768's 64 items were 20%
+// slower). With fewer items the portable forward's smaller blocks spread further. Re-measured
+// with v53's kernels (docs/perf/log.md v55): at two consumers too the Hopper forward is faster
+// (head dim 128: 0.42-0.56x the portable forward's time; 64: 0.82-0.93x, level at Lq = 128;
+// 32 at Lq = 128: 0.78x; 16 at Lq = 128: 0.96x).
+constexpr bool fwd_auto_prefers_hopper(int64_t items, int sms) { return items >= int64_t{4} * sms; }
 
 // Whether the Hopper forward takes this float16 / bfloat16 call: the library was built with the
 // Hopper family, the current device has compute capability 9.x, the family asked for is hopper
