@@ -219,7 +219,7 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
       // float32), in different orders of sums.
       EXPECT_LE(relative_gap(hopper[i], portable[i]), 2e-2) << names[i];
     }
-    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(D <= 16 ? 16 : 32, L, B * N * H, sms);
+    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(B * N * H, sms);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(automatic[i], hopper_dkdv ? hopper[i] : portable[i]) << names[i];
     // The switch takes the Hopper pair-bias gradient at D = 32 (the pieces of 85 workers fit
     // the workspace; at 24 and below the running dQ leaves too little room); auto, at 36 tiles
@@ -324,20 +324,13 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_TRUE(fwd_auto_prefers_hopper(528, 132));
   EXPECT_FALSE(fwd_auto_prefers_hopper(527, 132));
   EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 4, 132));      // apb768: 64 items
-  // The backward: the suite shapes where the Hopper backward measured faster, and the Lq its
-  // resident running dQ fits (up to 13 query tiles in 227 KB at head-dim bucket 32, 33 at 16).
+  // The backward: the Hopper dK/dV/dQ kernel from four (b, n, h) a block (132 SMs).
   using cuda::hopper::bwd_auto_prefers_hopper;
-  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 768, 768 * 4, 132));      // tri768
-  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 512, 256 * 8, 132));      // msacol
-  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 384, 4 * 384 * 4, 132));  // b4tri384
-  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 256, 256 * 4, 132));      // tri256
-  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 256, 512 * 8, 132));      // msarow
-  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 192, 512 * 8, 132));     // not measured faster
-  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 768, 16, 132));          // apb768: 16 (b, n, h)
-  EXPECT_TRUE(bwd_auto_prefers_hopper(16, 384, 5120 * 8, 132));     // extramsa
-  EXPECT_TRUE(bwd_auto_prefers_hopper(16, 256, 4 * 256 * 4, 132));   // template
-  EXPECT_FALSE(bwd_auto_prefers_hopper(16, 192, 4 * 256 * 4, 132));  // not measured faster
-  EXPECT_FALSE(bwd_auto_prefers_hopper(64, 256, 256 * 8, 132));     // tri256d64
+  EXPECT_TRUE(bwd_auto_prefers_hopper(768 * 4, 132));      // tri768
+  EXPECT_TRUE(bwd_auto_prefers_hopper(4 * 256 * 4, 132));  // template
+  EXPECT_TRUE(bwd_auto_prefers_hopper(528, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(527, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(16, 132));          // apb768: 16 (b, n, h)
   // The pair-bias gradient by tiles (B H ceil(Lq / 128) ceil(Lk / 128)).
   using cuda::hopper::pair_bias_auto_prefers_hopper;
   EXPECT_TRUE(pair_bias_auto_prefers_hopper(4 * 6 * 6));       // tri768

@@ -61,13 +61,10 @@ constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk) {
   return fits && bwd_key_blocks(3, Lk) * 192 <= bwd_key_blocks(2, Lk) * 128 ? 3 : 2;
 }
 
-// The automatic choice between the backwards on a 9.x GPU (docs/perf/log.md v39, v44): the
-// Hopper one where it measured faster, with (b, n, h) enough to give every SM several (apb768's
-// 16 ran slower): at head dims 8-32 from Lq = 256 (every bucket-32 and -16 suite shape but
-// apb768; template with the Hopper pair-bias pass beside it).
-constexpr bool bwd_auto_prefers_hopper(int head_dim_bucket, int64_t Lq, int64_t items, int sms) {
-  return (head_dim_bucket == 16 || head_dim_bucket == 32) && Lq >= 256 && items >= int64_t{4} * sms;
-}
+// The automatic choice between the backwards on a 9.x GPU: the Hopper dK/dV/dQ kernel (head
+// dims 8-32, bwd_usable) wherever (b, n, h) give every SM four or more (apb768's 16 ran
+// slower). Re-measured with v53's kernels at Lq = 128 too (docs/perf/log.md v55).
+constexpr bool bwd_auto_prefers_hopper(int64_t items, int sms) { return items >= int64_t{4} * sms; }
 
 // Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library
 // was built with the Hopper family, the device has compute capability 9.x, the family asked for
