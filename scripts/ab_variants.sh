@@ -14,6 +14,7 @@
 #     The tests take about 7 minutes: TESTS=0 skips them,
 #     TESTS=only runs them alone (a second device call). AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
 #     adds runs of a version under environment variables (an experiment's switch), tagged so.
+#     SHAPES_FILE=FILE times FILE's shapes (a line each, as `evoattn bench` flags) instead of the suite.
 #     Each suite takes about 45 s on an H200 (2026-12-03): mind the call's 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,11 +55,25 @@ assignment() { [[ $1 == *:* ]] && echo "${1#*:}" | tr ',' ' '; }
 file_of() { echo "$OUT/bench_${1//[^A-Za-z0-9_.=-]/_}.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 TESTS=${TESTS:-1}
+# One timing round of run $1: the suite's table rows, or with SHAPES_FILE (a shape a line, as
+# `evoattn bench` flags) each shape's row, its name prefixed by the line's index (s0_, s1_, ...).
+bench_runs() {
+  local cli i=0 line
+  cli="build-ab/$(version "$1")/evoattn"
+  if [ -z "${SHAPES_FILE:-}" ]; then
+    env $(assignment "$1") "$cli" bench --suite --backend cuda --dtype bf16 2>&1 | awk 'NR > 3'
+    return
+  fi
+  while read -r line; do
+    # shellcheck disable=SC2086 # a shape line is several flags
+    env $(assignment "$1") "$cli" bench $line --backend cuda --dtype bf16 2>&1 < /dev/null | tail -1 | sed "s/^/s${i}_/"
+    i=$((i + 1))
+  done < "$SHAPES_FILE"
+}
 if [ "$TESTS" != only ]; then
   for round in $(seq 1 "${1:-2}"); do
     for r in "${runs[@]}"; do
-      env $(assignment "$r") "build-ab/$(version "$r")/evoattn" bench --suite --backend cuda --dtype bf16 2>&1 |
-        awk 'NR > 3' | tee -a "$(file_of "$r")" | awk -v tag="$r.$round" '{print tag, $1, $(NF-6), $(NF-4)}'
+      bench_runs "$r" | tee -a "$(file_of "$r")" | awk -v tag="$r.$round" '{print tag, $1, $(NF-6), $(NF-4)}'
     done
   done
   echo "means (fwd ms, f+b ms):"

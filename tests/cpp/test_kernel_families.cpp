@@ -323,7 +323,7 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_TRUE(fwd_auto_prefers_hopper(256 * 8 * 2, 132));      // tri256d64 (two consumers)
   EXPECT_TRUE(fwd_auto_prefers_hopper(528, 132));
   EXPECT_FALSE(fwd_auto_prefers_hopper(527, 132));
-  EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 4, 132));      // apb768: 64 items
+  EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 3, 132));      // apb768: 48 items
   // The backward: the Hopper dK/dV/dQ kernel from four (b, n, h) a block (132 SMs).
   using cuda::hopper::bwd_auto_prefers_hopper;
   EXPECT_TRUE(bwd_auto_prefers_hopper(768 * 4, 132));      // tri768

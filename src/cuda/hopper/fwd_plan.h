@@ -61,7 +61,7 @@ enum class Family { kAuto, kHopper, kPortable };
 Family requested_family();
 
 // The automatic choice between the forwards on a 9.x GPU: the Hopper one wherever it has work
-// items enough to keep every SM's block busy a while (4 a block; apb768's 64 items were 20%
+// items enough to keep every SM's block busy a while (4 a block; apb768's 48 items were 20%
 // slower). With fewer items the portable forward's smaller blocks spread further. Re-measured
 // with v53's kernels (docs/perf/log.md v55): at two consumers too the Hopper forward is faster
 // (head dim 128: 0.42-0.56x the portable forward's time; 64: 0.82-0.93x, level at Lq = 128;
