@@ -51,8 +51,10 @@ def main():
     at_addr, at_text = header.index("Address"), header.index("Source")
     at_samples = pick(header, ("sampling", "all"))
     at_executed = pick(header, ("instructions executed",), ("thread", "predicated"))
+    # One column a reason over all samples; ncu repeats each as "(Not Issued)", left out here.
     reasons = [i for i, name in enumerate(header)
-               if "stall" in name.lower() and i != at_samples and "sampling" not in name.lower()]
+               if "stall" in name.lower() and i != at_samples and "sampling" not in name.lower()
+               and "not issued" not in name.lower()]
     if at_samples is None:
         sys.exit(f"no 'Warp Stall Sampling (All Samples)' column among: {header}")
 
