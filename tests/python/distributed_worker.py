@@ -14,6 +14,7 @@ then its own rows through evoattn.distributed twice, and writes DIR/rank<r>.json
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -104,12 +105,15 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f, indent=1)
-    # torch 2.11's gloo worker threads drop a finished collective's tensors a moment after the
-    # call returns; one that does so while the interpreter is finalizing aborts the process
-    # (pytorch/pytorch#190489). The barrier's round trip gives them that moment.
     dist.barrier()
     dist.destroy_process_group()
+    return backend
 
 
 if __name__ == "__main__":
-    main()
+    if main() == "gloo":
+        # As examples/distributed_triangle_attention.py: gloo's worker threads can abort the
+        # interpreter's finalization (docs/DISTRIBUTED.md); the report is written, leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
