@@ -12,7 +12,9 @@
 #     version (fwd ms, f+b ms) and the per-version means, then the last version's Hopper-family
 #     cases (gpu_check.sh hopper) and its CUDA cases under the automatic choice; logs in $OUT.
 #     The tests take about 7 minutes: TESTS=0 skips them,
-#     TESTS=only runs them alone (a second device call). AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
+#     TESTS=only runs them alone (a second device call), TESTS=forward runs instead, before the
+#     suite, the family tests and the 16-bit Hopper forward, mask, layout and determinism cases
+#     (about 70 s: a forward change's first check). AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
 #     adds runs of a version under environment variables (an experiment's switch), tagged so.
 #     SHAPES_FILE=FILE times FILE's shapes (a line each, as `evoattn bench` flags) instead of the suite.
 #     Each suite takes about 45 s on an H200 (2026-12-03): mind the call's 10 minutes.
@@ -70,6 +72,18 @@ bench_runs() {
     i=$((i + 1))
   done < "$SHAPES_FILE"
 }
+if [ "$TESTS" = forward ]; then
+  mkdir -p "build-ab/tf/tests/cpp" && cp "build-ab/$last/evoattn_tests" build-ab/tf/tests/cpp/
+  "build-ab/$last/evoattn_tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/family.log" 2>&1
+  echo "$last family tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/family.log" | tr '\n' ' ')"
+  BUILD=build-ab/tf
+  status=0
+  source scripts/run_shards.sh
+  run_shards forward_hopper hopper "$(hopper_cases Forward BiasesAndMasks Layouts)"
+  grep -qE '^\[  FAILED' "$OUT/family.log" && status=1
+  grep -qE '^\[       OK \]' "$OUT/forward_hopper.log" || status=1  # all skipped: no GPU
+  [ $status = 0 ] || { echo "$last fails its forward checks: no timing"; exit 1; }
+fi
 if [ "$TESTS" != only ]; then
   for round in $(seq 1 "${1:-2}"); do
     for r in "${runs[@]}"; do
@@ -82,7 +96,7 @@ if [ "$TESTS" != only ]; then
       "$(file_of "$r")" | sort -k2
   done
 fi
-[ "$TESTS" = 0 ] && exit 0
+[ "$TESTS" = 0 ] || [ "$TESTS" = forward ] && exit 0
 mkdir -p "build-ab/tb/tests/cpp" "build-ab/tb/tools/cli"
 cp "build-ab/$last/evoattn_tests" build-ab/tb/tests/cpp/ && cp "build-ab/$last/evoattn" build-ab/tb/tools/cli/
 OUT=$OUT/hopper PREBUILT=build-ab/tb bash scripts/gpu_check.sh hopper | tail -2

@@ -64,9 +64,7 @@ if [[ " $steps " == *" hopper "* ]]; then
   # case under EVOATTN_KERNEL_FAMILY=hopper.
   "$BUILD/tests/cpp/evoattn_tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/hopper_family.log" 2>&1 || status=1
   echo "family tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/hopper_family.log" | tr '\n' ' ')"
-  filter='*Determinism*cuda*'
-  for suite in Forward Backward BiasesAndMasks Layouts; do filter+=":*$suite*cuda_bf16*:*$suite*cuda_fp16*"; done
-  run_shards hopper_tests hopper "$filter"
+  run_shards hopper_tests hopper "$(hopper_cases Forward Backward BiasesAndMasks Layouts)"
 fi
 
 tests="$BUILD/tests/cpp/evoattn_tests"

@@ -1,10 +1,17 @@
-# Sourced by scripts/gpu_check.sh and scripts/ab_bench.sh: the test binary in shards on all cores
+# Sourced by scripts/gpu_check.sh, scripts/ab_bench.sh and scripts/ab_variants.sh: the test binary in shards on all cores
 # (the float64 references are the cost) under one kernel family, into $OUT/<name>.log; prints the
 # passed and skipped counts and any failure, and sets status=1 on one.
 #   usage: run_shards NAME FAMILY GTEST_FILTER     (needs BUILD and OUT; FAMILY may be auto)
 # Every case that runs a GPU kernel (the CUDA instances of the grids, workspace, CUDA graph,
 # large-index and small-GPU cases, the kernel-family and Hopper-plan tests).
 CUDA_CASES='*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*'
+# Every CUDA determinism case and the 16-bit CUDA cases of the named suites (Forward, Backward,
+# BiasesAndMasks, Layouts): what the Hopper family runs, as a gtest filter.
+hopper_cases() {
+  local filter='*Determinism*cuda*' suite
+  for suite in "$@"; do filter+=":*$suite*cuda_bf16*:*$suite*cuda_fp16*"; done
+  echo "$filter"
+}
 run_shards() {
   local name=$1 family=$2 filter=$3 shards passed failed
   shards=$(nproc)
