@@ -62,8 +62,7 @@ fi
 if [[ " $steps " == *" hopper "* ]]; then
   # The family tests, then every 16-bit CUDA forward, backward, determinism, mask and layout
   # case under EVOATTN_KERNEL_FAMILY=hopper.
-  "$BUILD/tests/cpp/evoattn_tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/hopper_family.log" 2>&1 || status=1
-  echo "family tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/hopper_family.log" | tr '\n' ' ')"
+  family_tests hopper_family
   run_shards hopper_tests hopper "$(hopper_cases Forward Backward BiasesAndMasks Layouts)"
 fi
 

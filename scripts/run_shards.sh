@@ -1,6 +1,7 @@
-# Sourced by scripts/gpu_check.sh, scripts/ab_bench.sh and scripts/ab_variants.sh: the test binary in shards on all cores
-# (the float64 references are the cost) under one kernel family, into $OUT/<name>.log; prints the
-# passed and skipped counts and any failure, and sets status=1 on one.
+# Sourced by scripts/gpu_check.sh, scripts/ab_bench.sh and scripts/ab_variants.sh: the test
+# binary in shards on all cores (the float64 references are the cost) under one kernel family,
+# into $OUT/<name>.log; prints the passed and skipped counts and any failure, and sets status=1
+# on one.
 #   usage: run_shards NAME FAMILY GTEST_FILTER     (needs BUILD and OUT; FAMILY may be auto)
 # Every case that runs a GPU kernel (the CUDA instances of the grids, workspace, CUDA graph,
 # large-index and small-GPU cases, the kernel-family and Hopper-plan tests).
@@ -11,6 +12,12 @@ hopper_cases() {
   local filter='*Determinism*cuda*' suite
   for suite in "$@"; do filter+=":*$suite*cuda_bf16*:*$suite*cuda_fp16*"; done
   echo "$filter"
+}
+# The kernel-family and Hopper-plan tests in one process into $OUT/NAME.log; prints their
+# summary and sets status=1 on a failure.   usage: family_tests NAME   (needs BUILD and OUT)
+family_tests() {
+  "$BUILD/tests/cpp/evoattn_tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/$1.log" 2>&1 || status=1
+  echo "family tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$1.log" | tr '\n' ' ')"
 }
 run_shards() {
   local name=$1 family=$2 filter=$3 shards passed failed
