@@ -14,7 +14,8 @@
 #     The tests take about 7 minutes: TESTS=0 skips them,
 #     TESTS=only runs them alone (a second device call), TESTS=forward runs instead, before the
 #     suite, the family tests and the 16-bit Hopper forward, mask, layout and determinism cases
-#     (about 70 s: a forward change's first check). AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
+#     (about 70 s: a forward change's first check); TESTS=backward the same with the Hopper
+#     backward cases instead. AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
 #     adds runs of a version under environment variables (an experiment's switch), tagged so.
 #     SHAPES_FILE=FILE times FILE's shapes (a line each, as `evoattn bench` flags) instead of the suite.
 #     Each suite takes about 45 s on an H200 (2026-12-03): mind the call's 10 minutes.
@@ -80,11 +81,15 @@ if [ "$TESTS" != 0 ]; then
   status=0
   source scripts/run_shards.sh
 fi
-if [ "$TESTS" = forward ]; then
+if [ "$TESTS" = forward ] || [ "$TESTS" = backward ]; then
   family_tests family
-  run_shards forward_hopper hopper "$(hopper_cases Forward BiasesAndMasks Layouts)"
-  grep -qE '^\[       OK \]' "$OUT/forward_hopper.log" || status=1  # all skipped: no GPU
-  [ $status = 0 ] || { echo "$last fails its forward checks: no timing"; exit 1; }
+  if [ "$TESTS" = forward ]; then
+    run_shards "${TESTS}_hopper" hopper "$(hopper_cases Forward BiasesAndMasks Layouts)"
+  else
+    run_shards "${TESTS}_hopper" hopper "$(hopper_cases Backward)"
+  fi
+  grep -qE '^\[       OK \]' "$OUT/${TESTS}_hopper.log" || status=1  # all skipped: no GPU
+  [ $status = 0 ] || { echo "$last fails its $TESTS checks: no timing"; exit 1; }
 fi
 if [ "$TESTS" != only ]; then
   for round in $(seq 1 "${1:-2}"); do
@@ -98,7 +103,7 @@ if [ "$TESTS" != only ]; then
       "$(file_of "$r")" | sort -k2
   done
 fi
-[ "$TESTS" = 0 ] || [ "$TESTS" = forward ] && exit 0
+[ "$TESTS" = 0 ] || [ "$TESTS" = forward ] || [ "$TESTS" = backward ] && exit 0
 OUT=$OUT/hopper PREBUILT=build-ab/tb bash scripts/gpu_check.sh hopper | tail -2
 run_shards cuda_auto auto "$CUDA_CASES"
 exit $status

@@ -3,6 +3,7 @@
 # into $OUT/<name>.log; prints the passed and skipped counts and any failure, and sets status=1
 # on one.
 #   usage: run_shards NAME FAMILY GTEST_FILTER     (needs BUILD and OUT; FAMILY may be auto)
+# TEST_TIMEOUT (seconds, default 1800) stops a hung shard (a kernel that deadlocks) as a failure.
 # Every case that runs a GPU kernel (the CUDA instances of the grids, workspace, CUDA graph,
 # large-index and small-GPU cases, the kernel-family and Hopper-plan tests).
 CUDA_CASES='*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*'
@@ -16,15 +17,17 @@ hopper_cases() {
 # The kernel-family and Hopper-plan tests in one process into $OUT/NAME.log; prints their
 # summary and sets status=1 on a failure.   usage: family_tests NAME   (needs BUILD and OUT)
 family_tests() {
-  "$BUILD/tests/cpp/evoattn_tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/$1.log" 2>&1 || status=1
+  timeout "${TEST_TIMEOUT:-1800}" "$BUILD/tests/cpp/evoattn_tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/$1.log" 2>&1 || status=1
   echo "family tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$1.log" | tr '\n' ' ')"
 }
 run_shards() {
   local name=$1 family=$2 filter=$3 shards passed failed
   shards=$(nproc)
   for i in $(seq 0 $((shards - 1))); do
-    EVOATTN_KERNEL_FAMILY=$family GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
-      "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" > "$OUT/${name}_shard_$i.log" 2>&1 &
+    (EVOATTN_KERNEL_FAMILY=$family GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+      timeout "${TEST_TIMEOUT:-1800}" "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" > "$OUT/${name}_shard_$i.log" 2>&1
+     [ $? != 124 ] || echo "[  FAILED  ] shard $i of $name: stopped after TEST_TIMEOUT (${TEST_TIMEOUT:-1800} s) (hung)" \
+       >> "$OUT/${name}_shard_$i.log") &
   done
   wait
   cat "$OUT/${name}"_shard_*.log > "$OUT/$name.log" && rm -f "$OUT/${name}"_shard_*.log
