@@ -14,8 +14,12 @@
 //   for each key tile:
 //     mainloop  y = (key bias + tile bias) / scale + Q K^T   (init_scores, then wgmma; Q, K
 //               from shared memory): x = y scale log2 e is every kernel's score_log2
-//     softmax   m: a lazy reference max of x (RowSoftmax, taken on y: scale > 0);
-//               P = 2^(y scale log2 e - m), one FFMA in the exponent; l += rowsum P
+//     softmax   P = 2^(y scale log2 e - m), one FFMA in the exponent; m: a lazy reference max
+//               of x (RowSoftmax, taken on y: scale > 0), moved before the exponentials at two
+//               or three consumers; at four, the exponentials first against m as it stands
+//               (RowSoftmax::try_exponentiate) and m moved (to the tile's max) only where a
+//               row's P would pass 2^10 or the row is masked so far (the item's first tile
+//               always); l += rowsum P
 //     mainloop  O += P V                        (wgmma; P from registers, V transposed)
 //               release the stage (every consumer thread)
 //   epilogue  O /= l; LSE = (m + log2 l) ln 2   (l = 0: a fully masked row, O = 0, LSE = -inf)
@@ -343,13 +347,39 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     wgmma_wait<1>();
     fence_registers(s_acc);
     if (j + 1 == plan.k_tiles) arrive(q_release);
-    const bool moved = softmax.update(s_acc, p.scale_log2, false);
-    if constexpr (kPSets == 2) softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
-    wgmma_wait<0>();
-    fence_registers(acc_o);
-    arrive(&empty[(it0 + j - 1) % L::kStages]);
-    if (moved) softmax.rescale(acc_o);
-    if constexpr (kPSets == 1) softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
+    // softmax. Four consumers: the exponentials first, against the maxima as they stand, the
+    // maxima only where that does not fit (try_exponentiate); with one P set, P is written once
+    // P V(j - 1) retired. Two or three: the maxima first, where the second P set already hides
+    // them (each order is the faster one there: perf/log.md v58).
+    if constexpr (L::kConsumers == 4) {
+      // (The two places are written out: as one lambda ptxas schedules them otherwise than the
+      // code v58 measured.)
+      bool moved = false;
+      if constexpr (kPSets == 2) {
+        if (!softmax.try_exponentiate<Element>(s_acc, p.scale_log2, p_next)) {
+          moved = softmax.update(s_acc, p.scale_log2, false, 0.0f);
+          softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
+        }
+      }
+      wgmma_wait<0>();
+      fence_registers(acc_o);
+      arrive(&empty[(it0 + j - 1) % L::kStages]);
+      if constexpr (kPSets == 1) {
+        if (!softmax.try_exponentiate<Element>(s_acc, p.scale_log2, p_next)) {
+          moved = softmax.update(s_acc, p.scale_log2, false, 0.0f);
+          softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
+        }
+      }
+      if (moved) softmax.rescale(acc_o);
+    } else {
+      static_assert(kPSets == 2, "one P set only at four consumers");
+      const bool moved = softmax.update(s_acc, p.scale_log2, false);
+      softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
+      wgmma_wait<0>();
+      fence_registers(acc_o);
+      arrive(&empty[(it0 + j - 1) % L::kStages]);
+      if (moved) softmax.rescale(acc_o);
+    }
   };
 
   uint32_t local = 0;

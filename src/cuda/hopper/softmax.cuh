@@ -6,7 +6,9 @@
 // rescale as the portable kernels (online_softmax_lazy, FlashAttention-4's rescale skipping),
 // split in two so the rescale of O can wait for the P V product still running on it: update()
 // moves the reference maxima and rescales the row sums; rescale() applies the same factors to O
-// afterwards.
+// afterwards. The forward at four consumers, after a row's first tile, takes try_exponentiate()
+// instead: no maxima where the P it computes against the reference as it stands stay small (the
+// common case).
 #pragma once
 
 #include "cuda/common/element.cuh"
@@ -14,6 +16,9 @@
 #include "cuda/common/ptx.cuh"
 
 namespace evoattn::cuda::hopper {
+
+// The most a thread's 16 P of one row in a tile may sum to on try_exponentiate's fast path.
+constexpr float kTileSumLimit = 1024.0f;
 
 struct RowSoftmax {
   float row_max[2] = {neg_inf(), neg_inf()};  // reference maxima (quad-reduced); -inf: masked so far
@@ -23,8 +28,8 @@ struct RowSoftmax {
 
   // Takes a tile's scores y and c; returns whether any row of the warp moved its reference
   // (warp-uniform), so O needs rescale(). `first`: the item's first tile (O and the sums are
-  // still zero).
-  __device__ __forceinline__ bool update(const float (&y)[32], float c, bool first) {
+  // still zero). A row's reference moves where the tile's max passes it by more than `slack`.
+  __device__ __forceinline__ bool update(const float (&y)[32], float c, bool first, float slack = kRescaleSlack) {
     float local[2] = {fmaxf(y[0], y[1]), fmaxf(y[2], y[3])};
     for (int j = 1; j < 8; ++j) {
       local[0] = fmaxf(local[0], fmaxf(y[4 * j], y[4 * j + 1]));
@@ -37,11 +42,11 @@ struct RowSoftmax {
     } else {
       // The difference, not row_max + slack (online_softmax_lazy says why); NaN compares false.
       const float rise = fmaxf(local[0] - row_max[0], local[1] - row_max[1]);
-      if (__any_sync(0xffffffffu, rise > kRescaleSlack)) {
+      if (__any_sync(0xffffffffu, rise > slack)) {
         moved = true;
         for (int r = 0; r < 2; ++r) {
           const float tile_max = quad_max(local[r]);
-          const float m_new = tile_max - row_max[r] > kRescaleSlack ? tile_max : row_max[r];
+          const float m_new = tile_max - row_max[r] > slack ? tile_max : row_max[r];
           const float m_ref = m_new == neg_inf() ? 0.0f : m_new;
           alpha[r] = exp2_approx(row_max[r] - m_ref);  // 1 if the row stays, 0 from -inf
           row_max[r] = m_new;
@@ -66,6 +71,33 @@ struct RowSoftmax {
       }
       for (int i = 0; i < 4; ++i) pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
     }
+  }
+
+  // The fast path of a tile after the item's first: P = 2^(y c - m) against the reference maxima
+  // as they stand, with no maxima taken. Kept (and summed into the rows) where every row of the
+  // warp has a finite reference and no thread's 16 P of a row sum past kTileSumLimit, so every P
+  // stays below 2^10 (in range for 16-bit P and the float sums, as update()'s slack keeps it
+  // below 2^8). Else returns false, pa holds garbage, and the caller takes update() with no
+  // slack (a reference the tile passes moves to its max, so the next tiles fit again) and
+  // exponentiate(): after a rise of about 6 or more, in a row masked so far, at a NaN.
+  template <typename Element>
+  __device__ __forceinline__ bool try_exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
+    float tile_sum[2] = {0.0f, 0.0f};
+    for (int kp = 0; kp < 4; ++kp) {
+      float e[8];
+      for (int i = 0; i < 8; ++i) {
+        const int r = (i >> 1) & 1;
+        e[i] = exp2_approx(fmaf(y[8 * kp + i], c, -m_use[r]));
+        tile_sum[r] += e[i];
+      }
+      for (int i = 0; i < 4; ++i) pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
+    }
+    // NaN compares false: such a tile takes the slow path, which propagates it as before.
+    const bool fits = tile_sum[0] <= kTileSumLimit && tile_sum[1] <= kTileSumLimit &&
+                      row_max[0] != neg_inf() && row_max[1] != neg_inf();
+    if (!__all_sync(0xffffffffu, fits)) return false;
+    for (int r = 0; r < 2; ++r) row_sum[r] += tile_sum[r];
+    return true;
   }
 
   // O (the C layout, kCols / 8 column tiles) times the last update's factors.

@@ -1,8 +1,9 @@
-"""A float64 numpy model of v58-fwd-exponentials-first.patch: one warp's 16 rows over 12 key
-tiles, the fast path (exponentials against the reference max as it stands, kept where every
-thread's 16 P of a row sum to at most 2^10 and no row is masked so far) and the slow path
+"""A float64 numpy model of the Hopper forward's exponentials-first softmax at four consumers (v58,
+RowSoftmax::try_exponentiate): one warp's 16 rows over 12 key tiles, the fast path (exponentials
+against the reference max as it stands, kept where every thread's 16 P of a row sum to at most
+2^10 and no row is masked so far) and the slow path
 (update() with no slack, then the exponentials again), against the exact softmax.
-Checks the algorithm, not the CUDA code.  usage: python3 v58-fwd-exponentials-first-model.py"""
+Checks the algorithm, not the CUDA code.  usage: python3 docs/perf/exponentials-first-model.py"""
 import numpy as np
 NEG=-np.inf
 def quad_partials(p):  # p: rows x 64 keys -> rows x 4 thread partials (keys 8j+2t, +1)
