@@ -352,8 +352,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     // P V(j - 1) retired. Two or three: the maxima first, where the second P set already hides
     // them (each order is the faster one there: perf/log.md v58).
     if constexpr (L::kConsumers == 4) {
-      // (The two places are written out: as one lambda ptxas schedules them otherwise than the
-      // code v58 measured.)
+      // (The two places are written out: as a lambda or a RowSoftmax method ptxas schedules them
+      // otherwise than the code v58 measured.)
       bool moved = false;
       if constexpr (kPSets == 2) {
         if (!softmax.try_exponentiate<Element>(s_acc, p.scale_log2, p_next)) {

@@ -58,19 +58,27 @@ struct RowSoftmax {
     return moved;
   }
 
-  // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the
-  // rows.
+  // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), each row's
+  // summed into sums[r].
   template <typename Element>
-  __device__ __forceinline__ void exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
+  __device__ __forceinline__ void exponentiate_into(const float (&y)[32], float c, uint32_t (&pa)[4][4],
+                                                    float (&sums)[2]) const {
     for (int kp = 0; kp < 4; ++kp) {
       float e[8];
       for (int i = 0; i < 8; ++i) {
         const int r = (i >> 1) & 1;
         e[i] = exp2_approx(fmaf(y[8 * kp + i], c, -m_use[r]));
-        row_sum[r] += e[i];
+        sums[r] += e[i];
       }
       for (int i = 0; i < 4; ++i) pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
     }
+  }
+
+  // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the
+  // rows.
+  template <typename Element>
+  __device__ __forceinline__ void exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
+    exponentiate_into<Element>(y, c, pa, row_sum);
   }
 
   // The fast path of a tile after the item's first: P = 2^(y c - m) against the reference maxima
@@ -83,15 +91,7 @@ struct RowSoftmax {
   template <typename Element>
   __device__ __forceinline__ bool try_exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
     float tile_sum[2] = {0.0f, 0.0f};
-    for (int kp = 0; kp < 4; ++kp) {
-      float e[8];
-      for (int i = 0; i < 8; ++i) {
-        const int r = (i >> 1) & 1;
-        e[i] = exp2_approx(fmaf(y[8 * kp + i], c, -m_use[r]));
-        tile_sum[r] += e[i];
-      }
-      for (int i = 0; i < 4; ++i) pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
-    }
+    exponentiate_into<Element>(y, c, pa, tile_sum);
     // NaN compares false: such a tile takes the slow path, which propagates it as before.
     const bool fits = tile_sum[0] <= kTileSumLimit && tile_sum[1] <= kTileSumLimit &&
                       row_max[0] != neg_inf() && row_max[1] != neg_inf();
