@@ -6,9 +6,9 @@
 # Results go to $OUT (the device tool's folder) or ./gpu-results.
 #   usage: scripts/gpu_check.sh [all|build|test|gtest|hopper|sanitize|sanitize-grid|sanitize-hopper|
 #                               bench|python|overhead]...
-#   (default: all; `sanitize` is `sanitize-grid` (the default grid: about 9 minutes on an H200,
-#   memcheck 3 and racecheck 6) and then `sanitize-hopper` (the Hopper family's grid), which a
-#   device call of 10 minutes cannot hold together; `hopper`, not in all: the Hopper family's
+#   (default: all; `sanitize` is `sanitize-grid` (the default grid) and then `sanitize-hopper`
+#   (the Hopper family's grid), memcheck and racecheck each, in SANITIZE_SHARDS (default 4)
+#   processes at once: all four runs in 6 minutes on an H200; `hopper`, not in all: the Hopper family's
 #   cases alone, sharded, in a few minutes where `test` takes the whole suite's six or seven;
 #   `gtest`, not in all: the whole C++ test binary, sharded, once with each family forced,
 #   EVOATTN_KERNEL_FAMILY=portable then =hopper)
@@ -66,7 +66,6 @@ if [[ " $steps " == *" hopper "* ]]; then
   run_shards hopper_tests hopper "$(hopper_cases Forward Backward BiasesAndMasks Layouts)"
 fi
 
-tests="$BUILD/tests/cpp/evoattn_tests"
 if want sanitize || want sanitize-grid; then
   # A reduced GPU grid: the cuda instances of the forward/backward grid and the mask tests,
   # one forward with enough items to share a double-buffered pair-bias tile, and backwards
@@ -89,13 +88,7 @@ if want sanitize || want sanitize-grid; then
   # the TF32 forward, the TMA forward against the cp.async one (its partial tiles at D 64
   # and 48), and the float32 row statistics of one-hot rows (simt::stats_kernel).
   filter='*cuda_bf16*Lq17*:*cuda_fp16*Lq2Lk2*:*cuda_fp32*Lq17Lk17*:*cuda_bf16_B1N64H4_Lq130Lk136*:*cuda_bf16_B1N128H2_Lq40Lk200*:*cuda_bf16_B2N2H1_Lq65Lk200_D64*:*cuda_bf16_B1N130H2_Lq70Lk136_D64*:*cuda_bf16_B1N65H8_Lq70Lk64_D64*:*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*cuda_bf16_B1N513H1_*:*cuda_bf16_B1N529H1_*:*cuda_bf16_B1N256H2_Lq70Lk72_D24*:*cuda_bf16_B2N3H2_Lq70Lk72_D32*reversed*:*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*cuda_bf16_B2N1H2_Lq136Lk72*:*cuda_bf16_B2N1H2_Lq80Lk136_D24*:*cuda_bf16_B2N1H2_Lq80Lk128_D24*:*cuda_bf16_B1N64H4_Lq40Lk392*:*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*cuda_fp16_B1N128H2_Lq70Lk200_D24*:*cuda_bf16_B1N16H2_Lq100Lk240*:*cuda_bf16_B1N4H2_Lq100Lk240_D48*:*cuda_bf16_B1N32H8_Lq40Lk200_D64*:*cuda_bf16_B1N64H4_Lq70Lk200_D48*:*cuda_bf16_B1N64H4_Lq66Lk384_D64*:*cuda_bf16_B1N8H2_Lq64Lk64_D64*:*cuda_bf16_B1N64H4_Lq65Lk128_D64*rows1e9*:*cuda_*pairinf*:*cuda_*pair1e9*:*Tf32*cuda*:*Determinism*Tma*cuda*:*ExtremeLogits*cuda_fp32*onehot*'
-  for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" --gtest_filter="$filter" \
-      > "$OUT/sanitizer_$tool.log" 2>&1
-    rc=$?
-    echo "compute-sanitizer $tool: rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/sanitizer_$tool.log") tests, $(grep -E 'SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
-    [ $rc -eq 0 ] || status=1
-  done
+  for tool in memcheck racecheck; do sanitize_shards "sanitizer_$tool" auto "$tool" "$filter"; done
 fi
 if want sanitize || want sanitize-hopper; then
   # The Hopper family (EVOATTN_KERNEL_FAMILY=hopper): the forward at every head-dim bucket,
@@ -104,13 +97,7 @@ if want sanitize || want sanitize-hopper; then
   # and key tiles, one to four key blocks, D 8, 16, 24 and 32; the pair-bias gradient's kernel
   # over its splits.
   hopper_filter='KernelFamily.HopperPairBias*:*Forward*cuda_bf16*Lq17*:*BiasesAndMasks*cuda_bf16*pairinf*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*'
-  for tool in memcheck racecheck; do
-    EVOATTN_KERNEL_FAMILY=hopper compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" \
-      --gtest_filter="$hopper_filter" > "$OUT/sanitizer_hopper_$tool.log" 2>&1
-    rc=$?
-    echo "compute-sanitizer $tool (hopper): rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/sanitizer_hopper_$tool.log") tests, $(grep -E 'SUMMARY' "$OUT/sanitizer_hopper_$tool.log" | tail -1)"
-    [ $rc -eq 0 ] || status=1
-  done
+  for tool in memcheck racecheck; do sanitize_shards "sanitizer_hopper_$tool" hopper "$tool" "$hopper_filter"; done
 fi
 
 if want bench; then

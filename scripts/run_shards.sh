@@ -1,7 +1,7 @@
 # Sourced by scripts/gpu_check.sh, scripts/ab_bench.sh and scripts/ab_variants.sh: the test
 # binary in shards on all cores (the float64 references are the cost) under one kernel family,
 # into $OUT/<name>.log; prints the passed and skipped counts and any failure, and sets status=1
-# on one.
+# on one. sanitize_shards (at the end) does the same under compute-sanitizer.
 #   usage: run_shards NAME FAMILY GTEST_FILTER     (needs BUILD and OUT; FAMILY may be auto)
 # TEST_TIMEOUT (seconds, default 1800) stops a hung shard (a kernel that deadlocks) as a failure.
 # Every case that runs a GPU kernel (the CUDA instances of the grids, workspace, CUDA graph,
@@ -35,4 +35,22 @@ run_shards() {
   failed=$(grep -E '^\[  FAILED  \] .*\(' "$OUT/$name.log" | sort -u)
   echo "$name ($family): $passed passed, $(grep -cE '^\[  SKIPPED \] .*\(' "$OUT/$name.log") skipped${failed:+; failed:}"
   [ -z "$failed" ] || { echo "$failed"; status=1; }
+}
+# The test binary under compute-sanitizer's TOOL in SANITIZE_SHARDS (default 4) processes at once
+# on the one GPU (racecheck of gpu_check.sh's Hopper grid, 73 cases: 139 s in four on an H200),
+# into $OUT/NAME.log; prints the tests run and each shard's summary, and sets status=1 on any report
+# or failure.   usage: sanitize_shards NAME FAMILY TOOL GTEST_FILTER   (needs BUILD and OUT)
+sanitize_shards() {
+  local name=$1 family=$2 tool=$3 filter=$4 shards=${SANITIZE_SHARDS:-4} i rc=0 pids=()
+  for i in $(seq 0 $((shards - 1))); do
+    EVOATTN_KERNEL_FAMILY=$family GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+      timeout "${TEST_TIMEOUT:-1800}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" > "$OUT/${name}_shard_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=$?; done
+  cat "$OUT/${name}"_shard_*.log > "$OUT/$name.log" && rm -f "$OUT/${name}"_shard_*.log
+  echo "compute-sanitizer $tool ($family): rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/$name.log") tests passed," \
+    "$(grep -cE '^\[  FAILED  \] .*\(' "$OUT/$name.log") failed; $(grep -E 'SUMMARY' "$OUT/$name.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+  [ $rc -eq 0 ] || status=1
 }
