@@ -26,19 +26,25 @@ shift
 if [ "$mode" = build ]; then
   [ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "the working tree has changes"; exit 1; }
   rm -rf build-ab && mkdir -p build-ab/v0
+  # Files a patch adds (new instantiations) are removed again with the restore below.
+  untracked_before=$(git ls-files --others --exclude-standard)
+  restore() {
+    git checkout -- .
+    comm -13 <(echo "$untracked_before" | sort) <(git ls-files --others --exclude-standard | sort) | xargs -r rm -f
+  }
   bash scripts/prebuild_gpu.sh build-ab/carry > /dev/null || exit 1
   cp build-gpu/tools/cli/evoattn build-ab/v0/
   n=0 names="v0"
   for patch in "$@"; do
     n=$((n + 1))
-    git apply "$patch" || { git checkout -- .; exit 1; }
-    cmake --build build-gpu -j"$(nproc)" --target evoattn_cli evoattn_tests > /dev/null || { git checkout -- .; exit 1; }
+    git apply "$patch" || { restore; exit 1; }
+    cmake --build build-gpu -j"$(nproc)" --target evoattn_cli evoattn_tests > /dev/null || { restore; exit 1; }
     mkdir -p "build-ab/v$n" && cp build-gpu/tools/cli/evoattn "build-ab/v$n/"
     echo "v$n: $patch"
     names="$names v$n"
   done
   cp build-gpu/tests/cpp/evoattn_tests "build-ab/v$n/"
-  git checkout -- . && cmake --build build-gpu -j"$(nproc)" --target evoattn_cli evoattn_tests > /dev/null
+  restore && cmake --build build-gpu -j"$(nproc)" --target evoattn_cli evoattn_tests > /dev/null
   rm -rf build-ab/carry
   echo "$names" > build-ab/names
   (cd build-ab && tar -cJf bins.txz names $(for v in $names; do echo "$v/evoattn"; done) "v$n/evoattn_tests")
