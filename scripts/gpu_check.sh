@@ -8,9 +8,9 @@
 #                               bench|python|overhead]...
 #   (default: all; `sanitize` is `sanitize-grid` (the default grid) and then `sanitize-hopper`
 #   (the Hopper family's grid), memcheck and racecheck each, in SANITIZE_SHARDS (default 4)
-#   processes at once: all four runs in 6 minutes on an H200; `hopper`, not in all: the Hopper family's
-#   cases alone, sharded, in a few minutes where `test` takes the whole suite's six or seven;
-#   `gtest`, not in all: the whole C++ test binary, sharded, once with each family forced,
+#   processes at once: all four runs in 6 minutes on an H200; `hopper`, not in all: the Hopper
+#   family's cases alone, sharded, in a few minutes where `test` takes the whole suite's six or
+#   seven; `gtest`, not in all: the whole C++ test binary, sharded, once with each family forced,
 #   EVOATTN_KERNEL_FAMILY=portable then =hopper)
 #   PREBUILT=dir: take the test binary and the CLI from dir (scripts/prebuild_gpu.sh makes it on
 #   a machine without a GPU) instead of building here, for `gtest`, `hopper`, `sanitize` and

@@ -20,17 +20,31 @@ family_tests() {
   timeout "${TEST_TIMEOUT:-1800}" "$BUILD/tests/cpp/evoattn_tests" --gtest_filter='KernelFamily*:HopperPlan*' > "$OUT/$1.log" 2>&1 || status=1
   echo "family tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$1.log" | tr '\n' ' ')"
 }
-run_shards() {
-  local name=$1 family=$2 filter=$3 shards passed failed
-  shards=$(nproc)
+# The test binary in SHARDS gtest shards at once under FAMILY, each run as
+# `PREFIX... evoattn_tests --gtest_filter=FILTER` (PREFIX: a tool such as compute-sanitizer, or
+# nothing), into $OUT/NAME.log; a shard that TEST_TIMEOUT stops is logged as a failed test.
+# Returns the last nonzero exit status of a shard, or 0.
+#   usage: shards_into_log NAME FAMILY FILTER SHARDS [PREFIX...]
+shards_into_log() {
+  local name=$1 family=$2 filter=$3 shards=$4 i rc=0 pids=()
+  shift 4
   for i in $(seq 0 $((shards - 1))); do
     (EVOATTN_KERNEL_FAMILY=$family GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
-      timeout "${TEST_TIMEOUT:-1800}" "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" > "$OUT/${name}_shard_$i.log" 2>&1
-     [ $? != 124 ] || echo "[  FAILED  ] shard $i of $name: stopped after TEST_TIMEOUT (${TEST_TIMEOUT:-1800} s) (hung)" \
-       >> "$OUT/${name}_shard_$i.log") &
+      timeout "${TEST_TIMEOUT:-1800}" "$@" "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" \
+      > "$OUT/${name}_shard_$i.log" 2>&1
+     code=$?
+     [ $code != 124 ] || echo "[  FAILED  ] shard $i of $name: stopped after TEST_TIMEOUT (${TEST_TIMEOUT:-1800} s) (hung)" \
+       >> "$OUT/${name}_shard_$i.log"
+     exit $code) &
+    pids+=($!)
   done
-  wait
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=$?; done
   cat "$OUT/${name}"_shard_*.log > "$OUT/$name.log" && rm -f "$OUT/${name}"_shard_*.log
+  return $rc
+}
+run_shards() {
+  local name=$1 family=$2 filter=$3 passed failed
+  shards_into_log "$name" "$family" "$filter" "$(nproc)" || true  # failures: the log's FAILED lines
   passed=$(grep -cE '^\[       OK \]' "$OUT/$name.log")
   failed=$(grep -E '^\[  FAILED  \] .*\(' "$OUT/$name.log" | sort -u)
   echo "$name ($family): $passed passed, $(grep -cE '^\[  SKIPPED \] .*\(' "$OUT/$name.log") skipped${failed:+; failed:}"
@@ -41,15 +55,9 @@ run_shards() {
 # into $OUT/NAME.log; prints the tests run and each shard's summary, and sets status=1 on any report
 # or failure.   usage: sanitize_shards NAME FAMILY TOOL GTEST_FILTER   (needs BUILD and OUT)
 sanitize_shards() {
-  local name=$1 family=$2 tool=$3 filter=$4 shards=${SANITIZE_SHARDS:-4} i rc=0 pids=()
-  for i in $(seq 0 $((shards - 1))); do
-    EVOATTN_KERNEL_FAMILY=$family GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
-      timeout "${TEST_TIMEOUT:-1800}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" > "$OUT/${name}_shard_$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=$?; done
-  cat "$OUT/${name}"_shard_*.log > "$OUT/$name.log" && rm -f "$OUT/${name}"_shard_*.log
+  local name=$1 family=$2 tool=$3 filter=$4 rc=0
+  shards_into_log "$name" "$family" "$filter" "${SANITIZE_SHARDS:-4}" \
+    compute-sanitizer --tool "$tool" --error-exitcode 9 || rc=$?
   echo "compute-sanitizer $tool ($family): rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/$name.log") tests passed," \
     "$(grep -cE '^\[  FAILED  \] .*\(' "$OUT/$name.log") failed; $(grep -E 'SUMMARY' "$OUT/$name.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
   [ $rc -eq 0 ] || status=1
