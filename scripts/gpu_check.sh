@@ -93,10 +93,11 @@ fi
 if want sanitize || want sanitize-hopper; then
   # The Hopper family (EVOATTN_KERNEL_FAMILY=hopper): the forward at every head-dim bucket,
   # partial tiles, with and without a pair bias, with -inf pair biases, and the forward family
-  # tests; the backward (head-dim buckets 16 and 32; TMA-legal pair-bias rows) with partial query
-  # and key tiles, one to four key blocks, D 8, 16, 24 and 32; the pair-bias gradient's kernel
-  # over its splits.
-  hopper_filter='KernelFamily.HopperPairBias*:*Forward*cuda_bf16*Lq17*:*BiasesAndMasks*cuda_bf16*pairinf*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*'
+  # tests; the backward (head-dim buckets 16, 32 and 64; TMA-legal pair-bias rows) with partial
+  # query and key tiles, one to four key blocks, D 8, 16, 24, 32, 48 and 64 (bucket 64's single
+  # K/V stage refilled between three key blocks: Lk 384); the pair-bias gradient's kernel over its
+  # splits.
+  hopper_filter='KernelFamily.HopperPairBias*:*Forward*cuda_bf16*Lq17*:*BiasesAndMasks*cuda_bf16*pairinf*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D64*:*Backward*cuda_bf16_B1N64H4_Lq66Lk384_D64*:*Backward*cuda_fp16_B1N64H4_Lq70Lk200_D48*'
   for tool in memcheck racecheck; do sanitize_shards "sanitizer_hopper_$tool" hopper "$tool" "$hopper_filter"; done
 fi
 

@@ -62,7 +62,7 @@ HOPPER_FWD_CONSUMERS = {16: [2, 3, 4], 32: [2, 3, 4], 64: [2, 3], 128: [2]}
 # (bwd_usable, bwd_consumers_for in hopper/bwd_plan.h).
 HOPPER_BWD = ("cuda/hopper/bwd_kernel.cuh", "hopper::run_bwd",
               "(const BwdParams&, const hopper::BwdPlan&, cudaStream_t)")
-HOPPER_BWD_CONSUMERS = {16: [2, 3], 32: [2, 3]}
+HOPPER_BWD_CONSUMERS = {16: [2, 3], 32: [2, 3], 64: [2]}
 # The Hopper pair-bias gradient per head-dim bucket (pair_bias_usable in hopper/bwd_plan.h).
 HOPPER_PAIR_BIAS = ("cuda/hopper/bwd_pair_bias_kernel.cuh", "hopper::run_bwd_pair_bias",
                     "(const BwdParams&, const hopper::BwdPlan&, const hopper::PairBiasTask&, cudaStream_t)")

@@ -201,7 +201,7 @@ bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
 // memory fits this GPU (at D = 64 it needs 97.8 KB, within the 99 KB of RTX 30/40 and L40); the
 // fused dK/dV with warps of 32 keys where the descriptors allow it (dkdv_wide_keys) and two of
 // its 104 KB blocks fit an SM (H100, H200: not the 164 KB of an A100, nor RTX 30/40's 99 KB per
-// block).
+// block); and whether the Hopper dK/dV/dQ kernel takes the call (hopper_dkdv).
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   if (plan.fuse_dq) {
@@ -230,6 +230,8 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
                            key_pair_bytes + cuda::dkdv_delta_smem_bytes(bucket) <= allowed;
     }
   }
+  plan.hopper_dkdv = cuda::hopper::bwd_usable(p, plan);
+  if (plan.hopper_dkdv) plan.delta_in_dkdv = false;
   return plan;
 }
 
@@ -341,12 +343,13 @@ cudaError_t bwd_hopper_pair_bias(const BwdParams& p, const cuda::hopper::BwdPlan
 
 // After run_row_stats, which zeroed the running-dQ slots' flags (bwd_mma): the kernels follow
 // each other with no other stream operation between them (kernel_launch.h).
-// `hopper`: hopper::bwd_usable took the call; its kernel computes dQ, dK and dV, and the
-// kernels after it only the bias gradients: the pair bias's by the Hopper kernel where
-// hopper::pair_bias_usable takes it, the others by the portable kernels.
+// Where plan.hopper_dkdv, the Hopper kernel computes dQ, dK and dV, and the kernels after it
+// only the bias gradients: the pair bias's by the Hopper kernel where hopper::pair_bias_usable
+// takes it, the others by the portable kernels.
 template <typename Element, int kHeadDim, bool kFast>
-cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout, bool hopper,
+cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout,
                          cudaStream_t stream) {
+  const bool hopper = plan.hopper_dkdv;
   // The bias-gradient tasks, which kernel takes each, and the Hopper kernels' plan (their tensor
   // maps), made once where either Hopper kernel runs.
   // Where the query-side dQ pass runs, it also writes the gradients that sum over no index
@@ -410,10 +413,10 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
 }
 
 template <typename Element, int kHeadDim>
-cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout, bool hopper,
+cudaError_t bwd_mma_hdim(const BwdParams& p, const LaunchPlan& plan, const WorkspaceLayout& layout,
                          cudaStream_t stream) {
-  return cuda::bwd_fast_path(plan) ? bwd_mma_path<Element, kHeadDim, true>(p, plan, layout, hopper, stream)
-                                   : bwd_mma_path<Element, kHeadDim, false>(p, plan, layout, hopper, stream);
+  return cuda::bwd_fast_path(plan) ? bwd_mma_path<Element, kHeadDim, true>(p, plan, layout, stream)
+                                   : bwd_mma_path<Element, kHeadDim, false>(p, plan, layout, stream);
 }
 
 template <typename Element>
@@ -430,9 +433,8 @@ cudaError_t bwd_mma_run(const BwdParams& p, LaunchPlan plan, const WorkspaceLayo
                                                    plan.dq_slot_busy != nullptr ? plan.dq_slots : 0, stream)) {
     return e;
   }
-  const bool hopper = cuda::hopper::bwd_usable(p, plan);
   return with_head_dim(p.D, [&](auto hd) {
-    return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, layout, hopper, stream);
+    return bwd_mma_hdim<Element, decltype(hd)::value>(p, plan, layout, stream);
   });
 }
 

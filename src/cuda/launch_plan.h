@@ -113,6 +113,10 @@ struct LaunchPlan {
   // beside the dK/dV pass's last blocks and waits only for a Delta it reads that is still
   // pending.
   bool delta_in_dkdv;
+  // Whether the Hopper family's dK/dV/dQ kernel takes the call (hopper::bwd_usable, asked once by
+  // bwd_launch_plan): it computes dQ, dK and dV, reading Delta from the row statistics
+  // (delta_in_dkdv is off then), and the kernels after it only the bias gradients.
+  bool hopper_dkdv;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x blocks per SM) >= 1: bwd_launch_plan

@@ -1,13 +1,15 @@
-// Backward kernel for float16 / bfloat16 on Hopper (sm_90a), head-dim buckets 16 and 32: dK, dV
+// Backward kernel for float16 / bfloat16 on Hopper (sm_90a), head-dim buckets 16, 32 and 64: dK, dV
 // and dQ of one (b, n, h) a block, after FlashAttention-3's backward with S and dP computed
 // transposed (keys as rows), so P^T is the register A operand of dV.
 //
-//   block = kConsumers consumer warpgroups (64 keys each; 3 where their running dQ fits, else 2)
+//   block = kConsumers consumer warpgroups (64 keys each; 3 where their running dQ fits, else 2;
+//   2 at bucket 64)
 //   and a producer warpgroup of which one warp works, one block per SM walking items (b, n, h)
 //   (persistent: the rings run on across items, so the next item's copies start while this one
 //   ends); an item's key blocks (64 kConsumers keys) in order, each over every query tile:
 //   producer warp:
-//     per key block: K, V by TMA into one of two stages; the block's key biases (x log2 e)
+//     per key block: K, V by TMA into one of two stages (one at bucket 64); the block's key
+//     biases (x log2 e)
 //     per query tile: Q, dO and each consumer's tile-bias box by TMA into a kStages ring; the
 //     rows' statistics (row max, row log-sum, Delta: the row-statistics kernel's, from the
 //     workspace; past Lq +inf, 0, 0 so P = 0) and whether a row log-sum is nonzero
@@ -63,13 +65,15 @@ struct BwdLayout {
   static constexpr int kRowBytes = 2 * kHeadDim;
   static constexpr int kSeqBytes = 64 * kRowBytes;  // a 64-row box
   static constexpr int kKvStageBytes = kConsumers * kSeqBytes;
+  static constexpr int kKvStages = bwd_kv_stages(kHeadDim);
+  static_assert(kKvStages == 1 || kKvStages == 2, "the K/V ring's index and phase are bit operations");
   static constexpr int kTileBytes = 64 * 64 * 2;  // a tile-bias box
   static constexpr int kDsBytes = kKeys * 128;    // one dS^T buffer
   static constexpr int kStatsBytes = 64 * 12 + 16;  // (row max, row log-sum) pairs, Delta, a flag
   static constexpr int kRecomputedFlag = 192;      // its offset in floats: a row log-sum is nonzero
   static constexpr int kK = 0;
-  static constexpr int kV = kK + 2 * kKvStageBytes;
-  static constexpr int kQ = kV + 2 * kKvStageBytes;
+  static constexpr int kV = kK + kKvStages * kKvStageBytes;
+  static constexpr int kQ = kV + kKvStages * kKvStageBytes;
   static constexpr int kDO = kQ + kStages * kSeqBytes;
   static constexpr int kTile = kDO + kStages * kSeqBytes;
   static constexpr int kDs = kTile + kStages * kConsumers * kTileBytes;
@@ -79,7 +83,8 @@ struct BwdLayout {
   static constexpr int kBarriers = kOutOffsets + 2 * 3 * 8;
   static constexpr int kFixed = kBarriers + (2 * kStages + 8) * 8;
   static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;  // then [64 q_tiles][kHeadDim] floats
-  static_assert(kHeadDim == 16 || kHeadDim == 32, "head-dim buckets 16 and 32");
+  static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64, "head-dim buckets 16, 32 and 64");
+  static_assert(kHeadDim < 64 || kConsumers == 2, "bucket 64: two consumers (bwd_consumers_for)");
   static_assert(kStages == kBwdStages, "bwd_plan.h sizes this layout");
   static_assert(kFixed == bwd_fixed_smem_bytes(kHeadDim, kConsumers), "bwd_plan.h counts this layout");
   static_assert(kTile % 1024 == 0 && kDs % 1024 == 0 && kKvStageBytes % 1024 == 0, "swizzle atoms stay aligned");
@@ -127,7 +132,9 @@ __device__ __forceinline__ void probabilities(float (&s_acc)[32], float (&dp_acc
 // chunks of rows g = 0..3 (the 16 lanes of one float2 access phase) fall in distinct banks.
 template <int kHeadDim>
 __device__ __forceinline__ int dq_chunk_swizzle(int g) {
-  return kHeadDim == 32 ? (g & 3) : ((g >> 1) & 1);  // 128-byte rows: one a bank line; 64: two
+  // Rows of 128 or 256 bytes start at bank 0: the chunk's low two bits pick its banks. 64-byte
+  // rows: two a bank line.
+  return kHeadDim >= 32 ? (g & 3) : ((g >> 1) & 1);
 }
 
 template <typename Element, int kHeadDim, int kConsumers>
@@ -192,28 +199,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
     const int th = plan.tile_varies_h ? h : 0, tn = plan.tile_varies_n ? n : 0, tb = plan.tile_varies_b ? b : 0;
     const int64_t stats_row = int64_t{bnh} * p.Lq;
     for (int kb = 0; kb < plan.k_blocks; ++kb, ++kv_it) {
-      const int kvs = kv_it & 1;
-      if (kv_it >= 2) mbarrier_wait_suspend(&kv_empty[kvs], ((kv_it >> 1) - 1) & 1);
-      if (lane == 0) {
-        mbarrier_arrive_expect_tx(&kv_full[kvs], 2 * L::kKvStageBytes);
-        for (int c = 0; c < kC; ++c) {
-          const int at = kvs * L::kKvStageBytes + c * L::kSeqBytes;
-          tma_load<5>(smem + L::kK + at, &plan.k, &kv_full[kvs], {0, kb * L::kKeys + 64 * c, h, n, b});
-          tma_load<5>(smem + L::kV + at, &plan.v, &kv_full[kvs], {0, kb * L::kKeys + 64 * c, h, n, b});
-        }
-      }
-      if (lane == 0) {  // the item's output offsets: the consumers' epilogues do no divisions
-        int64_t* off = out_offsets + 3 * kvs;
-        off[0] = b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
-        off[1] = b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
-        off[2] = b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
-      }
-      float kbias[kC][2];
-      load_key_biases<Element, kC>(kbias, p, plan.key_slots, plan.key_single_slot, b, n, h, kb * kC, lane);
-      for (int c = 0; c < kC; ++c)
-        for (int i = 0; i < 2; ++i) key_bias[kvs * L::kKeys + 64 * c + lane + 32 * i] = kbias[c][i] * kLog2e;
-      mbarrier_arrive(&kv_full[kvs]);
-      for (int qt = 0; qt < plan.q_tiles; ++qt) {
+      // Step qt of this key block into its ring stage: Q, dO, the tile-bias boxes, the statistics.
+      auto load_step = [&](int qt) {
         const int it = it0 + kb * plan.q_tiles + qt, s = it % kS;
         if (it >= kS) mbarrier_wait_suspend(&empty[s], (it / kS - 1) & 1);
         if (lane == 0) {
@@ -245,7 +232,33 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
         recomputed = __any_sync(0xffffffffu, recomputed);
         if (lane == 0) reinterpret_cast<uint32_t*>(st)[L::kRecomputedFlag] = recomputed;
         mbarrier_arrive(&full[s]);
+      };
+      // With one K/V stage its refill waits for the whole previous key block: the key block's
+      // first ring stages are loaded before it, as the previous key block's last steps free them.
+      const int early = L::kKvStages == 1 ? (plan.q_tiles < kS ? plan.q_tiles : kS) : 0;
+      for (int qt = 0; qt < early; ++qt) load_step(qt);
+      const int kvs = kv_it & (L::kKvStages - 1);  // one or two stages
+      if (kv_it >= L::kKvStages) mbarrier_wait_suspend(&kv_empty[kvs], ((kv_it >> (L::kKvStages - 1)) - 1) & 1);
+      if (lane == 0) {
+        mbarrier_arrive_expect_tx(&kv_full[kvs], 2 * L::kKvStageBytes);
+        for (int c = 0; c < kC; ++c) {
+          const int at = kvs * L::kKvStageBytes + c * L::kSeqBytes;
+          tma_load<5>(smem + L::kK + at, &plan.k, &kv_full[kvs], {0, kb * L::kKeys + 64 * c, h, n, b});
+          tma_load<5>(smem + L::kV + at, &plan.v, &kv_full[kvs], {0, kb * L::kKeys + 64 * c, h, n, b});
+        }
       }
+      if (lane == 0) {  // the item's output offsets: the consumers' epilogues do no divisions
+        int64_t* off = out_offsets + 3 * kvs;
+        off[0] = b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
+        off[1] = b * p.dk_stride.b + n * p.dk_stride.n + h * p.dk_stride.h;
+        off[2] = b * p.dv_stride.b + n * p.dv_stride.n + h * p.dv_stride.h;
+      }
+      float kbias[kC][2];
+      load_key_biases<Element, kC>(kbias, p, plan.key_slots, plan.key_single_slot, b, n, h, kb * kC, lane);
+      for (int c = 0; c < kC; ++c)
+        for (int i = 0; i < 2; ++i) key_bias[kvs * L::kKeys + 64 * c + lane + 32 * i] = kbias[c][i] * kLog2e;
+      mbarrier_arrive(&kv_full[kvs]);
+      for (int qt = early; qt < plan.q_tiles; ++qt) load_step(qt);
     }
     }
     return;
@@ -287,8 +300,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   int kv_it = 0, it0 = 0;
   for (int bnh = blockIdx.x; bnh < items; bnh += gridDim.x, it0 += plan.k_blocks * plan.q_tiles) {
   for (int kb = 0; kb < plan.k_blocks; ++kb, ++kv_it) {
-    const int kvs = kv_it & 1;
-    mbarrier_wait(&kv_full[kvs], (kv_it >> 1) & 1);
+    const int kvs = kv_it & (L::kKvStages - 1);
+    mbarrier_wait(&kv_full[kvs], (kv_it >> (L::kKvStages - 1)) & 1);
     const float kbias[2] = {key_bias[kvs * L::kKeys + 64 * c + 16 * w + g],
                             key_bias[kvs * L::kKeys + 64 * c + 16 * w + g + 8]};
     for (int i = 0; i < kHalf; ++i) dk_acc[i] = dv_acc[i] = 0.0f;

@@ -52,9 +52,9 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   return false;
 #else
   const Family family = requested_family();
-  if (family == Family::kPortable || p.D > kMaxHeadDim || exact_delta(p) || plan.delta_in_dkdv) return false;
+  if (family == Family::kPortable || p.D > kMaxHeadDim || exact_delta(p)) return false;
   const int bucket = head_dim_bucket(p.D);
-  if (bucket != 16 && bucket != 32) return false;
+  if (bucket != 16 && bucket != 32 && bucket != 64) return false;
   const int64_t items = p.B * p.N * p.H;
   if (items >= (int64_t{1} << 31)) return false;
   const int sms = hopper_sms(p.device);
@@ -73,7 +73,7 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
 
 cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out) {
   *out = BwdPlan{};
-  const int bucket = head_dim_bucket(p.D), row_bytes = 2 * bucket;  // bwd_usable: bucket 16 or 32
+  const int bucket = head_dim_bucket(p.D), row_bytes = 2 * bucket;  // bwd_usable: bucket 16, 32 or 64
   if (cudaError_t e = encode_tma_map(&out->q, seq_tensor_shape(p, p.q_stride, p.Lq), p.q, bucket, 64, row_bytes)) return e;
   if (cudaError_t e = encode_tma_map(&out->d_o, seq_tensor_shape(p, p.do_stride, p.Lq), p.d_o, bucket, 64, row_bytes)) {
     return e;

@@ -34,9 +34,14 @@ struct BwdPlan {
 // Key blocks of 64 `consumers` keys over Lk.
 constexpr int64_t bwd_key_blocks(int consumers, int64_t Lk) { return (Lk + 64 * consumers - 1) / (64 * consumers); }
 
-// The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 16 or 32
+// Stages of K and V (a key block's boxes): two, so the next key block's copies run under this
+// one's last steps; one at head-dim bucket 64, where two leave no room for the running dQ of
+// tri256d64's 256 query rows.
+constexpr int bwd_kv_stages(int bucket) { return bucket == 64 ? 1 : 2; }
+
+// The block's dynamic shared memory (bwd_kernel.cuh's BwdLayout) for head-dim bucket 16, 32 or 64
 // and `consumers` consumer warpgroups, where a 64-row box of Q, dO, K or V takes 128 `bucket`
-// bytes: two stages of K and V (a box each a consumer), kBwdStages of Q, dO (a box each), a
+// bytes: bwd_kv_stages of K and V (a box each a consumer), kBwdStages of Q, dO (a box each), a
 // tile-bias box a consumer (64 x 64 x 2 bytes) and the rows' statistics (12 bytes a row, and a
 // flag); two dS^T buffers (64 x 128 bytes a consumer); two stages of key biases; the mbarriers
 // (the query ring's, K and V's, the dS^T buffers'); the running dQ, float32 [64 q_tiles][bucket];
@@ -44,7 +49,7 @@ constexpr int64_t bwd_key_blocks(int consumers, int64_t Lk) { return (Lk + 64 * 
 constexpr size_t bwd_fixed_smem_bytes(int bucket, int consumers) {
   constexpr size_t s = kBwdStages;
   const size_t c = static_cast<size_t>(consumers), box = size_t{128} * bucket;
-  return 2 * 2 * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + 2 * 3 * 8 + (2 * s + 8) * 8;
+  return 2 * static_cast<size_t>(bwd_kv_stages(bucket)) * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + 2 * 3 * 8 + (2 * s + 8) * 8;
 }
 constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles) {
   return (bwd_fixed_smem_bytes(bucket, consumers) + 1023) / 1024 * 1024 +
@@ -56,7 +61,10 @@ constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles) {
 // block may take (Lq up to 448 at head-dim bucket 32, 1472 at 16) and their 192-key blocks pad
 // Lk no further than 128-key ones (at Lk = 256 the second block's 64 keys left two consumers
 // idle: 8% slower than two); else two (224 registers; Lq up to 832 and 2112).
+// At bucket 64 two: dK and dV take 64 registers a thread there, more than three consumers' 152
+// leave room for.
 constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk) {
+  if (bucket == 64) return 2;
   const bool fits = bwd_smem_bytes(bucket, 3, q_tiles) <= size_t{227} * 1024;
   return fits && bwd_key_blocks(3, Lk) * 192 <= bwd_key_blocks(2, Lk) * 128 ? 3 : 2;
 }
@@ -68,11 +76,12 @@ constexpr bool bwd_auto_prefers_hopper(int64_t items, int sms) { return items >=
 
 // Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library
 // was built with the Hopper family, the device has compute capability 9.x, the family asked for
-// (requested_family) is hopper or auto where bwd_auto_prefers_hopper, head-dim bucket 16 or 32
-// with D >= kExactDeltaHeadDim (below it Delta must be summed from the portable kernels' very P
+// (requested_family) is hopper or auto where bwd_auto_prefers_hopper, head-dim bucket 16, 32 or
+// 64 with D >= kExactDeltaHeadDim (below it Delta must be summed from the portable kernels' very P
 // and dP, backend.h), Q, dO, K, V and the tile bias (if any: at most one, the fast tile) laid
-// out as TMA takes them, and the running dQ of Lq rows fits shared memory. The bias gradients still run the portable
-// kernels after it.
+// out as TMA takes them, and the running dQ of Lq rows fits shared memory. Asked once a call, by
+// the dispatch's bwd_launch_plan (LaunchPlan::hopper_dkdv), which then clears delta_in_dkdv (the
+// portable key-pair dK/dV's, which does not run): Delta comes from the row statistics.
 bool bwd_usable(const BwdParams& p, const LaunchPlan& plan);
 
 // The plan of such a call (its tensor maps encoded here).
