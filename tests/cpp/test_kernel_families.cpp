@@ -224,7 +224,7 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
       // float32), in different orders of sums.
       EXPECT_LE(relative_gap(hopper[i], portable[i]), 2e-2) << names[i];
     }
-    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(B * N * H, sms);
+    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(cuda::head_dim_bucket(static_cast<int>(D)), B * N * H, sms);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(automatic[i], hopper_dkdv ? hopper[i] : portable[i]) << names[i];
     // The switch takes the Hopper pair-bias gradient at D = 32 (the pieces of 85 workers fit
     // the workspace; at 24 and below the running dQ leaves too little room); auto, at 36 tiles
@@ -357,13 +357,17 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_TRUE(fwd_auto_prefers_hopper(528, 132));
   EXPECT_FALSE(fwd_auto_prefers_hopper(527, 132));
   EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 3, 132));      // apb768: 48 items
-  // The backward: the Hopper dK/dV/dQ kernel from four (b, n, h) a block (132 SMs).
+  // The backward: the Hopper dK/dV/dQ kernel from four (b, n, h) a block (132 SMs), one at
+  // head-dim bucket 64.
   using cuda::hopper::bwd_auto_prefers_hopper;
-  EXPECT_TRUE(bwd_auto_prefers_hopper(768 * 4, 132));      // tri768
-  EXPECT_TRUE(bwd_auto_prefers_hopper(4 * 256 * 4, 132));  // template
-  EXPECT_TRUE(bwd_auto_prefers_hopper(528, 132));
-  EXPECT_FALSE(bwd_auto_prefers_hopper(527, 132));
-  EXPECT_FALSE(bwd_auto_prefers_hopper(16, 132));          // apb768: 16 (b, n, h)
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 768 * 4, 132));      // tri768
+  EXPECT_TRUE(bwd_auto_prefers_hopper(16, 4 * 256 * 4, 132));  // template
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 528, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 527, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 16, 132));          // apb768: 16 (b, n, h)
+  EXPECT_TRUE(bwd_auto_prefers_hopper(64, 256 * 8, 132));      // tri256d64
+  EXPECT_TRUE(bwd_auto_prefers_hopper(64, 132, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(64, 131, 132));
   // The pair-bias gradient by tiles (B H ceil(Lq / 128) ceil(Lk / 128)).
   using cuda::hopper::pair_bias_auto_prefers_hopper;
   EXPECT_TRUE(pair_bias_auto_prefers_hopper(4 * 6 * 6));       // tri768

@@ -63,7 +63,7 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   // of its items: it must stay below 2^31 (a concern only on GPUs with few SMs, e.g. MIG slices).
   const int consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk);
   if ((items + sms - 1) / sms * bwd_key_blocks(consumers, p.Lk) * plan.q_tiles >= (int64_t{1} << 31)) return false;
-  if (family == Family::kAuto && !bwd_auto_prefers_hopper(items, sms)) return false;
+  if (family == Family::kAuto && !bwd_auto_prefers_hopper(bucket, items, sms)) return false;
   if (!tile_takes_tma(p, plan) || !seq_tensors_take_tma(p)) return false;
   size_t allowed = 0;
   return smem_per_block_limit(p.device, &allowed) == cudaSuccess &&

@@ -69,10 +69,14 @@ constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk) {
   return fits && bwd_key_blocks(3, Lk) * 192 <= bwd_key_blocks(2, Lk) * 128 ? 3 : 2;
 }
 
-// The automatic choice between the backwards on a 9.x GPU: the Hopper dK/dV/dQ kernel (head
-// dims 8-32, bwd_usable) wherever (b, n, h) give every SM four or more (apb768's 16 ran
-// slower). Re-measured with v53's kernels at Lq = 128 too (docs/perf/log.md v55).
-constexpr bool bwd_auto_prefers_hopper(int64_t items, int sms) { return items >= int64_t{4} * sms; }
+// The automatic choice between the backwards on a 9.x GPU: the Hopper dK/dV/dQ kernel
+// (bwd_usable) at head-dim buckets 16 and 32 wherever (b, n, h) give every SM four or more
+// (apb768's 16 ran slower; re-measured with v53's kernels at Lq = 128 too, docs/perf/log.md v55);
+// at bucket 64 from one a SM (L 256 and 128, H 8: faster from 128 (b, n, h) up, perf log v60;
+// fewer not measured).
+constexpr bool bwd_auto_prefers_hopper(int bucket, int64_t items, int sms) {
+  return items >= int64_t{bucket == 64 ? 1 : 4} * sms;
+}
 
 // Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library
 // was built with the Hopper family, the device has compute capability 9.x, the family asked for
