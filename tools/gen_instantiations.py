@@ -66,7 +66,7 @@ HOPPER_BWD_CONSUMERS = {16: [2, 3], 32: [2, 3], 64: [2]}
 # The Hopper pair-bias gradient per head-dim bucket (pair_bias_usable in hopper/bwd_plan.h).
 HOPPER_PAIR_BIAS = ("cuda/hopper/bwd_pair_bias_kernel.cuh", "hopper::run_bwd_pair_bias",
                     "(const BwdParams&, const hopper::BwdPlan&, const hopper::PairBiasTask&, cudaStream_t)")
-HOPPER_PAIR_BIAS_HEAD_DIMS = [16, 32]
+HOPPER_PAIR_BIAS_HEAD_DIMS = [16, 32, 64]
 HAND_WRITTEN = ["dispatch.cu", "kernel_launch.cu", "launch_plan.cpp", "portable/row_stats.cu", "portable/simt_fp32.cu",
                 "smem_budget.cu", "tma_maps.cpp", "hopper/fwd_plan.cpp", "hopper/bwd_plan.cpp"]
 

@@ -132,6 +132,8 @@ set(EVOATTN_HOPPER_SOURCES
   cuda/hopper/instantiations/bwd_bf16_hdim64_c2.cu
   cuda/hopper/instantiations/bwd_pair_bias_fp16_hdim16.cu
   cuda/hopper/instantiations/bwd_pair_bias_fp16_hdim32.cu
+  cuda/hopper/instantiations/bwd_pair_bias_fp16_hdim64.cu
   cuda/hopper/instantiations/bwd_pair_bias_bf16_hdim16.cu
   cuda/hopper/instantiations/bwd_pair_bias_bf16_hdim32.cu
+  cuda/hopper/instantiations/bwd_pair_bias_bf16_hdim64.cu
 )

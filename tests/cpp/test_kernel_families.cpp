@@ -224,7 +224,8 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
       // float32), in different orders of sums.
       EXPECT_LE(relative_gap(hopper[i], portable[i]), 2e-2) << names[i];
     }
-    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(cuda::head_dim_bucket(static_cast<int>(D)), B * N * H, sms);
+    const int bucket = cuda::head_dim_bucket(static_cast<int>(D));
+    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(bucket, B * N * H, sms);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(automatic[i], hopper_dkdv ? hopper[i] : portable[i]) << names[i];
     // The switch takes the Hopper pair-bias gradient at D = 32 (the pieces of 85 workers fit
     // the workspace; at 24 and below the running dQ leaves too little room); auto, at 36 tiles
@@ -262,7 +263,9 @@ TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
 // (tile, n) in contiguous ranges, one a block): tiles one block holds whole, tiles two or three
 // blocks share, fewer tiles than blocks split among a whole number of blocks each (split_units:
 // 8 tiles among sixteen each, long n; template's 64 tiles, B4 H4 L256, between two each), ragged
-// tile edges and head dims 8 to 32; and rows whose exponent takes the general form (a row max
+// tile edges and head dims 8 to 64 (bucket 64's two-stage ring: ragged L 264 at D 64, stream-K;
+// 32 tiles among four blocks each at D 48, where N = 128 leaves the pieces room beside the running
+// dQ's 400 slots); and rows whose exponent takes the general form (a row max
 // beyond 64 in the log2 domain: query rows 64-79 of every head biased by +120, and every row of
 // n = 1 masked by -1e9), beside warps that take the factored one. Against the portable kernels,
 // and bit for bit the same on a second run. (Shapes whose workspace holds the pieces of 66
@@ -274,7 +277,8 @@ TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) 
     bool extreme_rows;
   };
   const Case cases[] = {{1, 3, 264, 32, 32, false},  {2, 2, 264, 40, 16, false}, {1, 1000, 136, 2, 24, false},
-                        {1, 2, 520, 16, 8, false},   {1, 4, 264, 32, 32, true},  {4, 64, 256, 4, 16, false}};
+                        {1, 2, 520, 16, 8, false},   {1, 4, 264, 32, 32, true},  {4, 64, 256, 4, 16, false},
+                        {1, 3, 264, 32, 64, false},  {1, 128, 256, 8, 48, false}, {1, 4, 264, 32, 64, true}};
   std::mt19937_64 rng(137);
   for (const Case& c : cases) {
     SCOPED_TRACE("B" + std::to_string(c.B) + " N" + std::to_string(c.N) + " L" + std::to_string(c.L) + " H" +

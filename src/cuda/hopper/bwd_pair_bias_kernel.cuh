@@ -1,4 +1,4 @@
-// Backward, the pair bias's gradient on Hopper (sm_90a), head-dim buckets 16 and 32:
+// Backward, the pair bias's gradient on Hopper (sm_90a), head-dim buckets 16, 32 and 64:
 // d(pair_bias)[b, h, i, j] = sum over n of dS[b, n, h, i, j], dS = P (dP - Delta), with S and dP
 // recomputed for every n (the dK/dV/dQ kernel's dS is per n and the sum needs them all).
 //
@@ -13,7 +13,8 @@
 //   producer warps:
 //     per tile: its four pair-bias boxes by TMA into one of two buffers, once for every n
 //     per unit: Q, dO, K, V of (b, n, h) (two 64-row boxes each) by TMA and the rows'
-//     statistics (the row-statistics kernel's) by cp.async into a kStages ring; from a second
+//     statistics (the row-statistics kernel's) by cp.async into a ring of pair_bias_stages
+//     (four; two at bucket 64, whose boxes are twice as wide); from a second
 //     warp the keys' biases (x log2 e; -inf past Lk)
 //   consumers, per unit in two halves of 64 keys, each half's matmuls issued as soon as the
 //   previous unit's same half has freed its registers (the first half's then run under the
@@ -46,7 +47,7 @@ template <int kHeadDimBucket>
 struct PairBiasLayout {
   static constexpr int kHeadDim = kHeadDimBucket;
   static constexpr int kConsumers = 2;
-  static constexpr int kStages = kPairBiasStages;
+  static constexpr int kStages = pair_bias_stages(kHeadDim);
   static constexpr int kThreads = 128 * (kConsumers + 1);
   // As BwdLayout: the producer keeps 56 registers, the consumers take the rest (224).
   static constexpr int kProducerRegisters = 56;
@@ -66,7 +67,7 @@ struct PairBiasLayout {
   static constexpr int kKeyBias = kStats + kStages * kStatsBytes;
   static constexpr int kBarriers = kKeyBias + kStages * 128 * 4;
   static constexpr int kEnd = kBarriers + (2 * kStages + 4) * 8;
-  static_assert(kHeadDim == 16 || kHeadDim == 32, "head-dim buckets 16 and 32");
+  static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64, "head-dim buckets 16, 32 and 64");
   static_assert(kEnd + 1024 == pair_bias_smem_bytes(kHeadDim), "bwd_plan.h counts this layout");
   static_assert(kSeq % 1024 == 0 && kStageBytes % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms stay aligned");
 };

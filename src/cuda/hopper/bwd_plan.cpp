@@ -113,7 +113,7 @@ size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const
     return 0;
   }
   const int bucket = head_dim_bucket(p.D);
-  if (bucket != 16 && bucket != 32) return 0;
+  if (bucket != 16 && bucket != 32 && bucket != 64) return 0;
   // 32-bit arithmetic in the kernel: units x workers (PairBiasSplit), the statistics' rows.
   if (pair_bias_units(p) * kPairBiasMaxWorkers >= (int64_t{1} << 31) || p.B * p.N * p.H * p.Lq >= (int64_t{1} << 31)) return 0;
   // Half the workers of an H100 at least, or the portable kernels (where the running dQ and the

@@ -49,7 +49,9 @@ constexpr int bwd_kv_stages(int bucket) { return bucket == 64 ? 1 : 2; }
 constexpr size_t bwd_fixed_smem_bytes(int bucket, int consumers) {
   constexpr size_t s = kBwdStages;
   const size_t c = static_cast<size_t>(consumers), box = size_t{128} * bucket;
-  return 2 * static_cast<size_t>(bwd_kv_stages(bucket)) * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + 2 * 3 * 8 + (2 * s + 8) * 8;
+  const size_t kv = static_cast<size_t>(bwd_kv_stages(bucket));
+  return 2 * kv * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + 2 * 3 * 8 +
+         (2 * s + 8) * 8;
 }
 constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles) {
   return (bwd_fixed_smem_bytes(bucket, consumers) + 1023) / 1024 * 1024 +
@@ -102,15 +104,16 @@ constexpr int kPairBiasTile = 128;
 // two pieces (a worker's first and last) for each (PairBiasSplit::pieces).
 constexpr int kPairBiasMaxWorkers = 132;
 
-// Stages of its ring, one n a stage (Q, dO, K, V, the rows' statistics, the keys' biases).
-constexpr int kPairBiasStages = 4;
+// Stages of its ring, one n a stage (Q, dO, K, V, the rows' statistics, the keys' biases): four,
+// two at head-dim bucket 64, where a stage's boxes take 64 KB.
+constexpr int pair_bias_stages(int bucket) { return bucket == 64 ? 2 : 4; }
 // Its block's dynamic shared memory (PairBiasLayout): two buffers of a tile's four pair-bias boxes
 // (64 x 64 x 2 bytes); per stage two 64-row boxes each of Q, dO, K and V (rows of 2 `bucket`
 // bytes), the statistics of 128 rows (12 bytes each) and 16 bytes unused, 128 key biases; the
 // mbarriers; 1 KB to align the base.
 constexpr size_t pair_bias_smem_bytes(int bucket) {
-  const size_t box = size_t{128} * bucket;
-  return 2 * 4 * 8192 + kPairBiasStages * (8 * box + 128 * 12 + 16 + 128 * 4) + (2 * kPairBiasStages + 4) * 8 + 1024;
+  const size_t box = size_t{128} * bucket, stages = static_cast<size_t>(pair_bias_stages(bucket));
+  return 2 * 4 * 8192 + stages * (8 * box + 128 * 12 + 16 + 128 * 4) + (2 * stages + 4) * 8 + 1024;
 }
 
 struct PairBiasSplit {
@@ -173,7 +176,7 @@ struct PairBiasTask {
 constexpr bool pair_bias_auto_prefers_hopper(int64_t tiles) { return tiles >= 16; }
 
 // Bytes of workspace pieces the pair-bias kernel may need for this gradient task: nonzero where
-// the shape lets it run (16-bit inputs, head-dim bucket 16 or 32 with Delta from O, the gradient of
+// the shape lets it run (16-bit inputs, head-dim bucket 16, 32 or 64 with Delta from O, the gradient of
 // the one tile bias, shared over n and summed over n alone, N >= 2) and the pieces of 66 workers
 // at least fit the contract's workspace bound; under EVOATTN_KERNEL_FAMILY=hopper, or under auto
 // where pair_bias_auto_prefers_hopper and the pieces take no more than the portable pass's
