@@ -217,7 +217,9 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
     // At bucket 64 the Hopper kernel sums as the portable key-pair one does (128 keys a block,
     // 64-query tiles, the running dQ in key order): dQ comes out bit for bit the same, so the
     // test below asks the dispatch itself.
-    if (D <= 32) EXPECT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
+    if (D <= 32) {
+      EXPECT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
+    }
     const char* names[] = {"dq", "dk", "dv", "d(pair_bias)"};
     for (int i = 0; i < 4; ++i) {
       // Both round P and dS to bfloat16 before their products (the pair-bias gradients keep
@@ -259,6 +261,37 @@ TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
   EXPECT_FALSE(usable(128, 256));
 }
 
+// The cases of the pair-bias family test below, B N L H D (Lq = Lk = L), with mask and pair bias.
+struct PairBiasCase {
+  int64_t B, N, L, H, D;
+  bool extreme_rows;
+};
+constexpr PairBiasCase kPairBiasCases[] = {
+    {1, 3, 264, 32, 32, false}, {2, 2, 264, 40, 16, false},  {1, 1000, 136, 2, 24, false},
+    {1, 2, 520, 16, 8, false},  {1, 4, 264, 32, 32, true},   {4, 64, 256, 4, 16, false},
+    {1, 3, 264, 32, 64, false}, {1, 128, 256, 8, 48, false}, {1, 4, 264, 32, 64, true}};
+
+// Bytes of pieces the Hopper pair-bias kernel may take under the switch, for the pair bias's
+// gradient of a call of this shape in bfloat16 with a mask bias [B, N, 1, 1, L] and a pair bias
+// [B, 1, H, L, L], all contiguous (hopper::pair_bias_partial_bytes: 0 where it cannot run).
+size_t hopper_pair_bias_piece_bytes(int64_t B, int64_t N, int64_t L, int64_t H, int64_t D) {
+  alignas(16) static char data[16];
+  BwdParams p{};
+  p.B = B, p.N = N, p.H = H, p.Lq = p.Lk = L, p.D = D, p.dtype = DType::kBF16;
+  p.q = p.k = p.v = p.d_o = p.o = data;
+  const SeqStrides seq{N * L * H * D, L * H * D, H * D, D, 1};
+  p.q_stride = p.k_stride = p.v_stride = p.o_stride = p.do_stride = p.dq_stride = p.dk_stride = p.dv_stride = seq;
+  p.lse_stride_q = 1, p.lse_stride_h = L, p.lse_stride_n = H * L, p.lse_stride_b = N * H * L;
+  // Score strides (b, n, h, q, k), 0 where the size is 1.
+  p.bias[0] = BiasParams{data, DType::kBF16, {B > 1 ? N * L : 0, N > 1 ? L : 0, 0, 0, 1}};
+  const ScoreStrides pair{B > 1 ? H * L * L : 0, 0, H > 1 ? L * L : 0, L, 1};
+  p.bias[1] = BiasParams{data, DType::kBF16, pair};
+  p.dbias[1] = BiasGradParams{true, data, DType::kBF16, pair, false, N > 1, false, false, false};
+  const ScopedEnv env("EVOATTN_KERNEL_FAMILY", "hopper");
+  const cuda::LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
+  return cuda::hopper::pair_bias_partial_bytes(p, plan, cuda::make_rows_task(p, plan, 1, nullptr));
+}
+
 // The Hopper pair-bias gradient over its work split (hopper::PairBiasSplit: 128 x 128 tiles, units
 // (tile, n) in contiguous ranges, one a block): tiles one block holds whole, tiles two or three
 // blocks share, fewer tiles than blocks split among a whole number of blocks each (split_units:
@@ -269,18 +302,12 @@ TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
 // beyond 64 in the log2 domain: query rows 64-79 of every head biased by +120, and every row of
 // n = 1 masked by -1e9), beside warps that take the factored one. Against the portable kernels,
 // and bit for bit the same on a second run. (Shapes whose workspace holds the pieces of 66
-// workers or more: the kernel runs only there.)
+// workers or more: the kernel runs only there; HopperPlan.PairBiasFamilyCasesLeaveTheKernelRoom
+// checks it on the host.)
 TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
-  struct Case {
-    int64_t B, N, L, H, D;
-    bool extreme_rows;
-  };
-  const Case cases[] = {{1, 3, 264, 32, 32, false},  {2, 2, 264, 40, 16, false}, {1, 1000, 136, 2, 24, false},
-                        {1, 2, 520, 16, 8, false},   {1, 4, 264, 32, 32, true},  {4, 64, 256, 4, 16, false},
-                        {1, 3, 264, 32, 64, false},  {1, 128, 256, 8, 48, false}, {1, 4, 264, 32, 64, true}};
   std::mt19937_64 rng(137);
-  for (const Case& c : cases) {
+  for (const PairBiasCase& c : kPairBiasCases) {
     SCOPED_TRACE("B" + std::to_string(c.B) + " N" + std::to_string(c.N) + " L" + std::to_string(c.L) + " H" +
                  std::to_string(c.H) + " D" + std::to_string(c.D) + (c.extreme_rows ? " extreme rows" : ""));
     Inputs in(rng, c.B, c.N, c.L, c.H, c.D);
@@ -317,8 +344,22 @@ TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) 
   }
 }
 
+// Host-only: the workspace of every case of the family test above holds the pieces of 66 blocks
+// or more, so the kernel runs in each (at B1 N40 L256 H8 D48 it would not: the running dQ's 299
+// slots leave room for the pieces of 16, and the kernel, correct or not, would go unchecked there).
+TEST(HopperPlan, PairBiasFamilyCasesLeaveTheKernelRoom) {
+  for (const PairBiasCase& c : kPairBiasCases) {
+    EXPECT_GT(hopper_pair_bias_piece_bytes(c.B, c.N, c.L, c.H, c.D), 0u)
+        << "B" << c.B << " N" << c.N << " L" << c.L << " H" << c.H << " D" << c.D;
+  }
+  EXPECT_EQ(hopper_pair_bias_piece_bytes(1, 40, 256, 8, 48), 0u);
+}
+
 #else
 
+TEST(HopperPlan, PairBiasFamilyCasesLeaveTheKernelRoom) {
+  GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
+}
 TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
