@@ -236,20 +236,28 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
   }
 }
 
+// The descriptors of a contiguous bfloat16 call, B N L H D (Lq = Lk = L), with a pair bias
+// [B, 1, H, L, L] (score strides b, n, h, q, k; 0 where the size is 1), for the planners: their
+// pointers are one aligned dummy.
+BwdParams pair_biased_bf16_params(int64_t B, int64_t N, int64_t L, int64_t H, int64_t D) {
+  alignas(16) static char data[16];
+  BwdParams p{};
+  p.B = B, p.N = N, p.H = H, p.Lq = p.Lk = L, p.D = D, p.dtype = DType::kBF16;
+  p.q = p.k = p.v = p.d_o = p.o = data;
+  const SeqStrides seq{N * L * H * D, L * H * D, H * D, D, 1};
+  p.q_stride = p.k_stride = p.v_stride = p.o_stride = p.do_stride = seq;
+  p.lse_stride_q = 1, p.lse_stride_h = L, p.lse_stride_n = H * L, p.lse_stride_b = N * H * L;
+  p.bias[1] = BiasParams{data, DType::kBF16, {B > 1 ? H * L * L : 0, 0, H > 1 ? L * L : 0, L, 1}};
+  return p;
+}
+
 // Which calls the Hopper backward takes at head-dim bucket 64 under the switch, on this GPU: Lq up
 // to 320 (one K/V stage and the running dQ in 227 KB), D = 33..64, with a pair bias shared over
 // n. (The family test above cannot tell from the outputs.)
 TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
-  alignas(16) static char data[16];
   auto usable = [&](int64_t D, int64_t L) {
-    BwdParams p{};
-    p.B = 1, p.N = 256, p.H = 8, p.Lq = p.Lk = L, p.D = D, p.dtype = DType::kBF16;
-    p.q = p.k = p.v = p.d_o = p.o = data;
-    const SeqStrides seq{p.N * L * p.H * D, L * p.H * D, p.H * D, D, 1};
-    p.q_stride = p.k_stride = p.v_stride = p.o_stride = p.do_stride = seq;
-    p.lse_stride_q = 1, p.lse_stride_h = L, p.lse_stride_n = p.H * L, p.lse_stride_b = p.N * p.H * L;
-    p.bias[1] = BiasParams{data, DType::kBF16, {0, 0, L * L, L, 1}};
+    const BwdParams p = pair_biased_bf16_params(1, 256, L, 8, D);
     const ScopedEnv env("EVOATTN_KERNEL_FAMILY", "hopper");
     return cuda::hopper::bwd_usable(p, cuda::make_launch_plan(p, cuda::kTile, cuda::kTile));
   };
@@ -272,21 +280,13 @@ constexpr PairBiasCase kPairBiasCases[] = {
     {1, 3, 264, 32, 64, false}, {1, 128, 256, 8, 48, false}, {1, 4, 264, 32, 64, true}};
 
 // Bytes of pieces the Hopper pair-bias kernel may take under the switch, for the pair bias's
-// gradient of a call of this shape in bfloat16 with a mask bias [B, N, 1, 1, L] and a pair bias
-// [B, 1, H, L, L], all contiguous (hopper::pair_bias_partial_bytes: 0 where it cannot run).
+// gradient of pair_biased_bf16_params's call with a mask bias [B, N, 1, 1, L] too
+// (hopper::pair_bias_partial_bytes: 0 where it cannot run).
 size_t hopper_pair_bias_piece_bytes(int64_t B, int64_t N, int64_t L, int64_t H, int64_t D) {
   alignas(16) static char data[16];
-  BwdParams p{};
-  p.B = B, p.N = N, p.H = H, p.Lq = p.Lk = L, p.D = D, p.dtype = DType::kBF16;
-  p.q = p.k = p.v = p.d_o = p.o = data;
-  const SeqStrides seq{N * L * H * D, L * H * D, H * D, D, 1};
-  p.q_stride = p.k_stride = p.v_stride = p.o_stride = p.do_stride = p.dq_stride = p.dk_stride = p.dv_stride = seq;
-  p.lse_stride_q = 1, p.lse_stride_h = L, p.lse_stride_n = H * L, p.lse_stride_b = N * H * L;
-  // Score strides (b, n, h, q, k), 0 where the size is 1.
+  BwdParams p = pair_biased_bf16_params(B, N, L, H, D);
   p.bias[0] = BiasParams{data, DType::kBF16, {B > 1 ? N * L : 0, N > 1 ? L : 0, 0, 0, 1}};
-  const ScoreStrides pair{B > 1 ? H * L * L : 0, 0, H > 1 ? L * L : 0, L, 1};
-  p.bias[1] = BiasParams{data, DType::kBF16, pair};
-  p.dbias[1] = BiasGradParams{true, data, DType::kBF16, pair, false, N > 1, false, false, false};
+  p.dbias[1] = BiasGradParams{true, data, DType::kBF16, p.bias[1].stride, false, N > 1, false, false, false};
   const ScopedEnv env("EVOATTN_KERNEL_FAMILY", "hopper");
   const cuda::LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   return cuda::hopper::pair_bias_partial_bytes(p, plan, cuda::make_rows_task(p, plan, 1, nullptr));

@@ -54,7 +54,7 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   const Family family = requested_family();
   if (family == Family::kPortable || p.D > kMaxHeadDim || exact_delta(p)) return false;
   const int bucket = head_dim_bucket(p.D);
-  if (bucket != 16 && bucket != 32 && bucket != 64) return false;
+  if (!variants::hopper_bwd(bucket)) return false;
   const int64_t items = p.B * p.N * p.H;
   if (items >= (int64_t{1} << 31)) return false;
   const int sms = hopper_sms(p.device);
@@ -113,7 +113,7 @@ size_t pair_bias_partial_bytes(const BwdParams& p, const LaunchPlan& plan, const
     return 0;
   }
   const int bucket = head_dim_bucket(p.D);
-  if (bucket != 16 && bucket != 32 && bucket != 64) return 0;
+  if (!variants::hopper_pair_bias(bucket)) return 0;
   // 32-bit arithmetic in the kernel: units x workers (PairBiasSplit), the statistics' rows.
   if (pair_bias_units(p) * kPairBiasMaxWorkers >= (int64_t{1} << 31) || p.B * p.N * p.H * p.Lq >= (int64_t{1} << 31)) return 0;
   // Half the workers of an H100 at least, or the portable kernels (where the running dQ and the

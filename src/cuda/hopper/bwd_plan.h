@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/launch_plan.h"
+#include "cuda/variants.h"
 #include "params.h"
 
 namespace evoattn::cuda::hopper {
@@ -63,10 +64,10 @@ constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles) {
 // block may take (Lq up to 448 at head-dim bucket 32, 1472 at 16) and their 192-key blocks pad
 // Lk no further than 128-key ones (at Lk = 256 the second block's 64 keys left two consumers
 // idle: 8% slower than two); else two (224 registers; Lq up to 832 and 2112).
-// At bucket 64 two: dK and dV take 64 registers a thread there, more than three consumers' 152
-// leave room for.
+// Two where three have no instantiation (HOPPER_BWD_CONSUMERS): bucket 64, where dK and dV take
+// 64 registers a thread, more than three consumers' 152 leave room for.
 constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk) {
-  if (bucket == 64) return 2;
+  if (!variants::hopper_bwd_consumers(bucket, 3)) return 2;
   const bool fits = bwd_smem_bytes(bucket, 3, q_tiles) <= size_t{227} * 1024;
   return fits && bwd_key_blocks(3, Lk) * 192 <= bwd_key_blocks(2, Lk) * 128 ? 3 : 2;
 }
