@@ -4,6 +4,8 @@
 # on one. sanitize_shards (at the end) does the same under compute-sanitizer.
 #   usage: run_shards NAME FAMILY GTEST_FILTER     (needs BUILD and OUT; FAMILY may be auto)
 # TEST_TIMEOUT (seconds, default 1800) stops a hung shard (a kernel that deadlocks) as a failure.
+# Not much lower for the whole binary: SmallGpuVariants.MatchReference alone is minutes of float64
+# references (more than 135 s beside 15 other shards on an H200 machine: docs/perf/log.md v62).
 # Every case that runs a GPU kernel (the CUDA instances of the grids, workspace, CUDA graph,
 # large-index and small-GPU cases, the kernel-family and Hopper-plan tests).
 CUDA_CASES='*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*'
@@ -33,7 +35,7 @@ shards_into_log() {
       timeout "${TEST_TIMEOUT:-1800}" "$@" "$BUILD/tests/cpp/evoattn_tests" --gtest_filter="$filter" \
       > "$OUT/${name}_shard_$i.log" 2>&1
      code=$?
-     [ $code != 124 ] || echo "[  FAILED  ] shard $i of $name: stopped after TEST_TIMEOUT (${TEST_TIMEOUT:-1800} s) (hung)" \
+     [ $code != 124 ] || echo "[  FAILED  ] shard $i of $name: stopped after TEST_TIMEOUT (${TEST_TIMEOUT:-1800} s): hung, or slower than that" \
        >> "$OUT/${name}_shard_$i.log"
      exit $code) &
     pids+=($!)
