@@ -269,6 +269,51 @@ TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
   EXPECT_FALSE(usable(128, 256));
 }
 
+// The Hopper backward's running dQ in the workspace's pool (hopper::bwd_dq_global) instead of
+// shared memory, 256 (b, n, h) (the workspace then holds the pool):
+// - Lq = 896, where the shared-memory dQ does not fit: the Hopper kernel takes the call (before
+//   the pool, the switch left it to the portable one) and agrees with the portable backward;
+// - Lq = 768 with EVOATTN_EXP_BWD_DQ_GLOBAL=1: three consumers (192-key blocks), which only the
+//   pool makes room for (HopperPlan.ConsumerCountFollowsLqAndTheInstantiations);
+// - Lq = 512 (two consumers either way), with and without the switch.
+// Both of the latter give dQ, dK and dV bit for bit as the shared-memory dQ with two consumers does:
+// dQ sums its 16-key wgmma k-steps in key order whatever the key blocks, the running dQ is float32
+// in either place, and dK and dV sum over the query tiles in order.
+TEST(KernelFamily, HopperBackwardRunningDqInTheWorkspace) {
+  if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
+  std::mt19937_64 rng(733);
+  const int64_t B = 1, N = 64, H = 4, D = 32;  // 256 (b, n, h): the workspace holds the pool
+  {
+    Inputs in(rng, B, N, 512, H, D);
+    const Tensor d_o = random_bf16(rng, {B, N, 512, H, D}, -1, 1);
+    in.forward("portable");
+    const auto in_smem = backward("hopper", d_o, in);
+    std::vector<std::vector<double>> in_pool;
+    {
+      const ScopedEnv ask("EVOATTN_EXP_BWD_DQ_GLOBAL", "1");
+      in_pool = backward("hopper", d_o, in);
+    }
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(in_pool[i], in_smem[i]) << names[i];
+  }
+  for (const int64_t L : {896, 768}) {
+    SCOPED_TRACE("L" + std::to_string(L));
+    Inputs in(rng, B, N, L, H, D);
+    const Tensor d_o = random_bf16(rng, {B, N, L, H, D}, -1, 1);
+    in.forward("portable");
+    const auto in_smem = backward("hopper", d_o, in);
+    const ScopedEnv ask("EVOATTN_EXP_BWD_DQ_GLOBAL", L == 768 ? "1" : "");
+    const auto hopper = backward("hopper", d_o, in);
+    const auto portable = backward("portable", d_o, in);
+    EXPECT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
+    const char* names[] = {"dq", "dk", "dv", "d(pair_bias)"};
+    if (L == 768) {
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(hopper[i], in_smem[i]) << names[i] << ": three consumers on the pool";
+    }
+    for (int i = 0; i < 4; ++i) EXPECT_LE(relative_gap(hopper[i], portable[i]), 2e-2) << names[i];
+  }
+}
+
 // The cases of the pair-bias family test below, B N L H D (Lq = Lk = L), with mask and pair bias.
 struct PairBiasCase {
   int64_t B, N, L, H, D;
@@ -369,6 +414,9 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
 TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
+TEST(KernelFamily, HopperBackwardRunningDqInTheWorkspace) {
+  GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
+}
 TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
@@ -439,6 +487,12 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_EQ(bwd_consumers_for(32, 7, 384), 3);   // Lq 448: the running dQ still fits
   EXPECT_EQ(bwd_consumers_for(32, 8, 512), 2);   // msacol: the running dQ does not fit
   EXPECT_EQ(bwd_consumers_for(32, 12, 768), 2);  // tri768
+  // With the running dQ in the workspace (bwd_dq_global), a staging tile a consumer in its place:
+  // three consumers at tri768, and any Lq fits.
+  EXPECT_LE(bwd_smem_bytes(32, 3, 12, true), size_t{227} * 1024);
+  EXPECT_LE(bwd_smem_bytes(32, 2, 1000, true), size_t{227} * 1024);
+  EXPECT_EQ(bwd_consumers_for(32, 12, 768, true), 3);
+  EXPECT_EQ(bwd_consumers_for(32, 14, 896, true), 2);  // 960 keys against 896
   EXPECT_EQ(bwd_consumers_for(16, 6, 384), 3);   // extramsa
   EXPECT_EQ(bwd_consumers_for(16, 4, 256), 2);   // template
   EXPECT_EQ(bwd_consumers_for(16, 23, 1152), 3);

@@ -78,6 +78,11 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool va
                : "memory");
 }
 
+// 8 bytes (cp.async.ca: through L1), always valid.
+__device__ __forceinline__ void cp_async_8(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+
 // An arrival on an mbarrier once this thread's cp.async copies so far have landed (.noinc: it is
 // one of the arrivals the barrier was initialised to expect).
 __device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {

@@ -25,7 +25,9 @@
 //               from shared memory: fewer live registers); then the next tile's S^T, dP^T
 //               one consumer in turn: dQ(tile) += dS K over the block's keys (wgmma, both
 //               operands transposed from shared memory), the running dQ of the whole (b, n, h)
-//               kept in shared memory between key blocks
+//               kept in shared memory between key blocks, or (BwdPlan::dq_pool, where it does
+//               not fit) in the block's slot of the workspace, the consumer's next turn's tile
+//               copied ahead (cp.async) into its staging tile after this turn
 //   epilogue  per key block dK x scale and dV; after the last one, each tile's dQ x scale.
 // Every output element has one writer and a fixed order of sums: deterministic, no atomics.
 #pragma once
@@ -82,7 +84,8 @@ struct BwdLayout {
   static constexpr int kOutOffsets = kStats + kStages * kStatsBytes;  // per K/V stage: dQ, dK, dV item offsets
   static constexpr int kBarriers = kOutOffsets + 2 * 3 * 8;
   static constexpr int kFixed = kBarriers + (2 * kStages + 8) * 8;
-  static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;  // then [64 q_tiles][kHeadDim] floats
+  // then [64 q_tiles][kHeadDim] floats, or with BwdPlan::dq_pool [64 kConsumers][kHeadDim]
+  static constexpr int kDq = (kFixed + 1023) / 1024 * 1024;
   static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64, "head-dim buckets 16, 32 and 64");
   static_assert(kHeadDim < 64 || kConsumers == 2, "bucket 64: two consumers (bwd_consumers_for)");
   static_assert(kStages == kBwdStages, "bwd_plan.h sizes this layout");
@@ -143,6 +146,9 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   using L = BwdLayout<kHeadDim, kConsumers, kBwdStages>;
   constexpr int kHalf = kHeadDim / 2;  // accumulators of a 64 x kHeadDim tile a thread
   constexpr int kC = L::kConsumers, kS = L::kStages;
+  // The running dQ in the workspace's pool: compiled below bucket 64 only (bwd_dq_global), whose
+  // 224 registers then spill 12 bytes.
+  constexpr bool kDqPool = kHeadDim < 64;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
@@ -394,12 +400,20 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
       // The dS^T arrivals also order this tile's running-dQ accesses after the previous key
       // block's (another consumer's, before its arrival).
       if (it % kC == c) {
-        // This thread's running-dQ pair of row g + 8r, columns 8j + 2t (chunks swizzled by the row).
-        float* const dq_row = dq_smem + (qt * 64 + 16 * w + g) * kHeadDim + 2 * t;
+        // This thread's running-dQ pair of row g + 8r, columns 8j + 2t (chunks swizzled by the
+        // row): of the tile in shared memory, or of this consumer's staging tile.
+        // The running dQ in the workspace (from the kernel's parameters, so that no register
+        // holds it across the step): this block's slot, this thread's pairs in a tile (rows
+        // 16w + g (+ 8), columns 8j + 2t; no swizzle).
+        float* const dq_slot = !kDqPool || plan.dq_pool == nullptr ? nullptr
+                                                       : plan.dq_pool + (size_t{blockIdx.x} * plan.q_tiles * 64 +
+                                                                         16 * w + g) * kHeadDim + 2 * t;
+        float* const dq_row = dq_smem + ((dq_slot != nullptr ? c : qt) * 64 + 16 * w + g) * kHeadDim + 2 * t;
         auto dq_pair = [&](int r, int j) {
           return reinterpret_cast<float2*>(dq_row + r * 8 * kHeadDim + ((j ^ dq_chunk_swizzle<kHeadDim>(g)) * 8));
         };
         mbarrier_wait(&ds_full[buf], (it >> 1) & 1);
+        if (dq_slot != nullptr && kb > 0) cp_async_wait<0>();  // the staging tile, copied ahead
         float dq_acc[kHalf];
         for (int r = 0; r < 2; ++r)
           for (int j = 0; j < kHalf / 4; ++j) {
@@ -423,10 +437,26 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
           const float scale[2] = {p.scale, p.scale};
           store_acc_rows<Element>(warp_tile(dq_acc), dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w, p.Lq,
                                   p.D, plan.pairs_dq, lane, scale);
-        } else {
+        } else if (dq_slot == nullptr) {
           for (int r = 0; r < 2; ++r)
             for (int j = 0; j < kHalf / 4; ++j)
               *dq_pair(r, j) = make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
+        } else {
+          float* const slot_tile = dq_slot + qt * 64 * kHeadDim;
+          for (int r = 0; r < 2; ++r)
+            for (int j = 0; j < kHalf / 4; ++j)
+              *reinterpret_cast<float2*>(slot_tile + r * 8 * kHeadDim + 8 * j) =
+                  make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
+        }
+        // The next turn's tile (step it + kC) into the staging tile, where a later key block of
+        // this item reads it. Its last write (step it + kC - q_tiles, q_tiles > kC) came before
+        // its writer's arrival at step it on the ds_full this turn waited for.
+        const int next = it + kC - it0, next_kb = next / plan.q_tiles;
+        if (dq_slot != nullptr && next_kb > 0 && next_kb < plan.k_blocks) {
+          const float* const from = dq_slot + (next - next_kb * plan.q_tiles) * 64 * kHeadDim;
+          for (int r = 0; r < 2; ++r)
+            for (int j = 0; j < kHalf / 4; ++j) cp_async_8(dq_pair(r, j), from + r * 8 * kHeadDim + 8 * j);
+          cp_async_commit();
         }
       }
     }
@@ -449,7 +479,7 @@ template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   using L = BwdLayout<kHeadDim, kConsumers, kBwdStages>;
   if (plan.consumers != kConsumers) return cudaErrorInvalidValue;
-  const size_t bytes = bwd_smem_bytes(kHeadDim, kConsumers, plan.q_tiles);
+  const size_t bytes = bwd_smem_bytes(kHeadDim, kConsumers, plan.q_tiles, plan.dq_pool != nullptr);
   auto* kernel = bwd_kernel<Element, kHeadDim, kConsumers>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {
     return e;

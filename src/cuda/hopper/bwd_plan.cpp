@@ -1,5 +1,8 @@
 #include "cuda/hopper/bwd_plan.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "backend.h"
 #include "cuda/hopper/fwd_plan.h"
 #include "cuda/smem_budget.h"
@@ -45,6 +48,17 @@ PairBiasSplit pair_bias_split(const BwdParams& p, int sms) {
 
 }  // namespace
 
+bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms) {
+  const int bucket = head_dim_bucket(p.D);
+  const bool pool = p.dtype != DType::kF32 && plan.fuse_dq && plan.k_tiles > 1 && !plan.dq_in_smem;
+  if (!pool || bucket == 64 || plan.q_tiles < 4 || sms <= 0) return false;
+  const int64_t items = p.B * p.N * p.H, blocks = items < sms ? items : sms;
+  if (blocks * plan.q_tiles * 64 * bucket > int64_t{plan.dq_slots} * p.Lq * plan.dq_width) return false;
+  const char* asked = std::getenv("EVOATTN_EXP_BWD_DQ_GLOBAL");
+  if (asked != nullptr && std::strcmp(asked, "1") == 0) return true;
+  return bwd_smem_bytes(bucket, 2, plan.q_tiles) > size_t{227} * 1024;
+}
+
 bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
 #if !defined(EVOATTN_WITH_HOPPER)
   (void)p;
@@ -61,13 +75,14 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   if (sms == 0) return false;
   // A block's step counter (int, its rings' phases) counts every query tile of every key block
   // of its items: it must stay below 2^31 (a concern only on GPUs with few SMs, e.g. MIG slices).
-  const int consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk);
+  const bool dq_global = bwd_dq_global(p, plan, sms);
+  const int consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk, dq_global);
   if ((items + sms - 1) / sms * bwd_key_blocks(consumers, p.Lk) * plan.q_tiles >= (int64_t{1} << 31)) return false;
   if (family == Family::kAuto && !bwd_auto_prefers_hopper(bucket, items, sms)) return false;
   if (!tile_takes_tma(p, plan) || !seq_tensors_take_tma(p)) return false;
   size_t allowed = 0;
   return smem_per_block_limit(p.device, &allowed) == cudaSuccess &&
-         bwd_smem_bytes(bucket, consumers, plan.q_tiles) <= allowed;
+         bwd_smem_bytes(bucket, consumers, plan.q_tiles, dq_global) <= allowed;
 #endif
 }
 
@@ -88,7 +103,10 @@ cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* o
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;
   }
-  out->consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk);
+  const bool dq_global = bwd_dq_global(p, plan, hopper_sms(p.device));
+  if (dq_global && plan.dq_accum == nullptr) return cudaErrorInvalidValue;  // the workspace holds the pool
+  out->dq_pool = dq_global ? plan.dq_accum : nullptr;
+  out->consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk, dq_global);
   out->q_tiles = plan.q_tiles;
   out->k_blocks = static_cast<int32_t>(bwd_key_blocks(out->consumers, p.Lk));
   out->key_slots = plan.key_slots;

@@ -30,6 +30,11 @@ struct BwdPlan {
   bool has_tile;            // one tile bias, copied by TMA
   bool tile_varies_b, tile_varies_n, tile_varies_h;
   bool pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
+  // The running dQ between key blocks: null, in shared memory ([64 q_tiles][bucket] floats); or
+  // this pool of the workspace (LaunchPlan::dq_accum), a [64 q_tiles][bucket] slot a block, each
+  // consumer's next dQ turn's tile copied ahead into a staging tile in shared memory
+  // (bwd_dq_global).
+  float* dq_pool;
 };
 
 // Key blocks of 64 `consumers` keys over Lk.
@@ -54,9 +59,10 @@ constexpr size_t bwd_fixed_smem_bytes(int bucket, int consumers) {
   return 2 * kv * c * box + s * (2 * box + c * 8192 + 64 * 12 + 16) + 2 * c * 8192 + 2 * c * 64 * 4 + 2 * 3 * 8 +
          (2 * s + 8) * 8;
 }
-constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles) {
+// With the running dQ in the workspace (dq_global), a staging tile a consumer in its place.
+constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles, bool dq_global = false) {
   return (bwd_fixed_smem_bytes(bucket, consumers) + 1023) / 1024 * 1024 +
-         static_cast<size_t>(q_tiles) * 64 * bucket * 4 + 1024;
+         static_cast<size_t>(dq_global ? consumers : q_tiles) * 64 * bucket * 4 + 1024;
 }
 
 // Consumer warpgroups (docs/perf/log.md v39): three (more warps to hide the elementwise step's
@@ -66,9 +72,9 @@ constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles) {
 // idle: 8% slower than two); else two (224 registers; Lq up to 832 and 2112).
 // Two where three have no instantiation (HOPPER_BWD_CONSUMERS): bucket 64, where dK and dV take
 // 64 registers a thread, more than three consumers' 152 leave room for.
-constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk) {
+constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk, bool dq_global = false) {
   if (!variants::hopper_bwd_consumers(bucket, 3)) return 2;
-  const bool fits = bwd_smem_bytes(bucket, 3, q_tiles) <= size_t{227} * 1024;
+  const bool fits = bwd_smem_bytes(bucket, 3, q_tiles, dq_global) <= size_t{227} * 1024;
   return fits && bwd_key_blocks(3, Lk) * 192 <= bwd_key_blocks(2, Lk) * 128 ? 3 : 2;
 }
 
@@ -86,11 +92,22 @@ constexpr bool bwd_auto_prefers_hopper(int bucket, int64_t items, int sms) {
 // (requested_family) is hopper or auto where bwd_auto_prefers_hopper, head-dim bucket 16, 32 or
 // 64 with D >= kExactDeltaHeadDim (below it Delta must be summed from the portable kernels' very P
 // and dP, backend.h), Q, dO, K, V and the tile bias (if any: at most one, the fast tile) laid
-// out as TMA takes them, and the running dQ of Lq rows fits shared memory. Asked once a call, by
+// out as TMA takes them, and the running dQ of Lq rows fits shared memory or the workspace's pool
+// holds it (bwd_dq_global). Asked once a call, by
 // the dispatch's bwd_launch_plan (LaunchPlan::hopper_dkdv), which then clears delta_in_dkdv (the
 // portable key-pair dK/dV's, which does not run): Delta comes from the row statistics.
 bool bwd_usable(const BwdParams& p, const LaunchPlan& plan);
 
+// Whether that kernel keeps its running dQ in the workspace's pool (BwdPlan::dq_pool) rather than
+// in shared memory: where the workspace holds the pool (LaunchPlan::dq_accum: fuse_dq over more
+// than one key tile, not in the portable kernel's shared memory) with room for a slot a block,
+// head-dim bucket 16 or 32 (bucket 64's kernel would spill with it), and a block's consumers
+// take at most q_tiles - 1 turns a key block (a turn's tile is copied
+// ahead after the previous turn's wait, which orders it after the tile's last write; 4 query
+// tiles or more), and either the shared-memory dQ does not fit (Lq above 832 at head-dim bucket
+// 32) or EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch: three consumers at
+// tri768). `sms`: the blocks of the persistent grid at most.
+bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms);
 // The plan of such a call (its tensor maps encoded here).
 cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out);
 
