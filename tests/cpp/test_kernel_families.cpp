@@ -66,16 +66,16 @@ std::vector<std::vector<double>> forward(const std::string& family, const Tensor
   return {util::to_doubles(o.to(EVOATTN_DEVICE_CPU).view), util::to_doubles(lse.to(EVOATTN_DEVICE_CPU).view)};
 }
 
-// Random bfloat16 inputs of a [B, N, L, H, D] attention with a mask bias and a pair bias, and
-// the O and LSE of its last forward.
+// Random bfloat16 inputs of a [B, N, L, H, D] attention (Lk keys: L unless given) with a mask
+// bias and a pair bias, and the O and LSE of its last forward.
 struct Inputs {
   Tensor q, k, v, mb, pb, o, lse;
-  Inputs(std::mt19937_64& rng, int64_t B, int64_t N, int64_t L, int64_t H, int64_t D)
+  Inputs(std::mt19937_64& rng, int64_t B, int64_t N, int64_t L, int64_t H, int64_t D, int64_t Lk = 0)
       : q(random_bf16(rng, {B, N, L, H, D}, -2, 2)),
-        k(random_bf16(rng, {B, N, L, H, D}, -2, 2)),
-        v(random_bf16(rng, {B, N, L, H, D}, -1, 1)),
-        mb(random_bf16(rng, {B, N, 1, 1, L}, -3, 0)),
-        pb(random_bf16(rng, {B, 1, H, L, L}, -2, 2)),
+        k(random_bf16(rng, {B, N, Lk > 0 ? Lk : L, H, D}, -2, 2)),
+        v(random_bf16(rng, {B, N, Lk > 0 ? Lk : L, H, D}, -1, 1)),
+        mb(random_bf16(rng, {B, N, 1, 1, Lk > 0 ? Lk : L}, -3, 0)),
+        pb(random_bf16(rng, {B, 1, H, L, Lk > 0 ? Lk : L}, -2, 2)),
         o(Tensor::empty({B, N, L, H, D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA)),
         lse(Tensor::empty({B, N, H, L}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA)) {}
   std::vector<std::vector<double>> forward(const std::string& family) {
@@ -270,47 +270,45 @@ TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
 }
 
 // The Hopper backward's running dQ in the workspace's pool (hopper::bwd_dq_global) instead of
-// shared memory, 256 (b, n, h) (the workspace then holds the pool):
-// - Lq = 896, where the shared-memory dQ does not fit: the Hopper kernel takes the call (before
-//   the pool, the switch left it to the portable one) and agrees with the portable backward;
-// - Lq = 768 with EVOATTN_EXP_BWD_DQ_GLOBAL=1: three consumers (192-key blocks), which only the
-//   pool makes room for (HopperPlan.ConsumerCountFollowsLqAndTheInstantiations);
-// - Lq = 512 (two consumers either way), with and without the switch.
-// Both of the latter give dQ, dK and dV bit for bit as the shared-memory dQ with two consumers does:
-// dQ sums its 16-key wgmma k-steps in key order whatever the key blocks, the running dQ is float32
-// in either place, and dK and dV sum over the query tiles in order.
+// shared memory, with 256 (b, n, h) or more (the workspace then holds the pool). In every case the
+// Hopper kernel differs from the portable backward (where the pool cannot run and shared memory
+// cannot hold the dQ, the switch would leave the call to the portable one) and agrees with it. With
+// EVOATTN_EXP_BWD_DQ_GLOBAL=1 asking for the pool where shared memory also fits, dQ, dK and dV are
+// bit for bit those of the shared-memory dQ, even where the pool brings three consumers in place
+// of two: dQ sums its 16-key wgmma k-steps in key order whatever the key blocks, the running dQ is
+// float32 in either place, and dK and dV sum over the query tiles in order.
+struct DqPoolCase {
+  int64_t N, Lq, Lk, D;
+  bool asked;  // EVOATTN_EXP_BWD_DQ_GLOBAL=1, compared bit for bit with the call without it
+};
+constexpr DqPoolCase kDqPoolCases[] = {
+    {64, 512, 512, 32, true},     // two consumers either way
+    {64, 768, 768, 32, true},     // tri768's shape: three consumers on the pool, two in shared memory
+    {80, 200, 384, 24, true},     // three consumers either way; 4 query tiles, a partial one, D < bucket
+    {64, 896, 896, 32, false},    // shared memory does not fit: the pool by default, two consumers
+    {64, 1000, 1104, 32, false},  // the pool by default, three consumers; 16 query tiles (not 3k)
+};
+
 TEST(KernelFamily, HopperBackwardRunningDqInTheWorkspace) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
   std::mt19937_64 rng(733);
-  const int64_t B = 1, N = 64, H = 4, D = 32;  // 256 (b, n, h): the workspace holds the pool
-  {
-    Inputs in(rng, B, N, 512, H, D);
-    const Tensor d_o = random_bf16(rng, {B, N, 512, H, D}, -1, 1);
+  const int64_t B = 1, H = 4;
+  for (const DqPoolCase& c : kDqPoolCases) {
+    SCOPED_TRACE("N" + std::to_string(c.N) + " Lq" + std::to_string(c.Lq) + " Lk" + std::to_string(c.Lk) + " D" +
+                 std::to_string(c.D));
+    Inputs in(rng, B, c.N, c.Lq, H, c.D, c.Lk);
+    const Tensor d_o = random_bf16(rng, {B, c.N, c.Lq, H, c.D}, -1, 1);
     in.forward("portable");
-    const auto in_smem = backward("hopper", d_o, in);
-    std::vector<std::vector<double>> in_pool;
-    {
-      const ScopedEnv ask("EVOATTN_EXP_BWD_DQ_GLOBAL", "1");
-      in_pool = backward("hopper", d_o, in);
-    }
-    const char* names[] = {"dq", "dk", "dv"};
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(in_pool[i], in_smem[i]) << names[i];
-  }
-  for (const int64_t L : {896, 768}) {
-    SCOPED_TRACE("L" + std::to_string(L));
-    Inputs in(rng, B, N, L, H, D);
-    const Tensor d_o = random_bf16(rng, {B, N, L, H, D}, -1, 1);
-    in.forward("portable");
-    const auto in_smem = backward("hopper", d_o, in);
-    const ScopedEnv ask("EVOATTN_EXP_BWD_DQ_GLOBAL", L == 768 ? "1" : "");
+    const auto unasked = backward("hopper", d_o, in);
+    const ScopedEnv ask("EVOATTN_EXP_BWD_DQ_GLOBAL", c.asked ? "1" : "");
     const auto hopper = backward("hopper", d_o, in);
     const auto portable = backward("portable", d_o, in);
     EXPECT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
     const char* names[] = {"dq", "dk", "dv", "d(pair_bias)"};
-    if (L == 768) {
-      for (int i = 0; i < 3; ++i) EXPECT_EQ(hopper[i], in_smem[i]) << names[i] << ": three consumers on the pool";
-    }
     for (int i = 0; i < 4; ++i) EXPECT_LE(relative_gap(hopper[i], portable[i]), 2e-2) << names[i];
+    if (c.asked) {
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(hopper[i], unasked[i]) << names[i] << ": the pool against shared memory";
+    }
   }
 }
 

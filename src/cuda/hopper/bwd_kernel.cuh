@@ -146,8 +146,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   using L = BwdLayout<kHeadDim, kConsumers, kBwdStages>;
   constexpr int kHalf = kHeadDim / 2;  // accumulators of a 64 x kHeadDim tile a thread
   constexpr int kC = L::kConsumers, kS = L::kStages;
-  // The running dQ in the workspace's pool: compiled below bucket 64 only (bwd_dq_global), whose
-  // 224 registers then spill 12 bytes.
+  // The running dQ in the workspace's pool: compiled at buckets 16 and 32 only (bwd_dq_global);
+  // with it, bucket 64's kernel spilled 12 bytes.
   constexpr bool kDqPool = kHeadDim < 64;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -396,7 +396,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
       fence_proxy_async();
       mbarrier_arrive(&empty[s]);
 
-      // dQ(tile) += dS K by the consumer whose turn it is; the running dQ in shared memory.
+      // dQ(tile) += dS K by the consumer whose turn it is; the running dQ in shared memory or the
+      // workspace's pool.
       // The dS^T arrivals also order this tile's running-dQ accesses after the previous key
       // block's (another consumer's, before its arrival).
       if (it % kC == c) {
@@ -478,7 +479,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
 template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   using L = BwdLayout<kHeadDim, kConsumers, kBwdStages>;
-  if (plan.consumers != kConsumers) return cudaErrorInvalidValue;
+  if (plan.consumers != kConsumers || (kHeadDim == 64 && plan.dq_pool != nullptr)) return cudaErrorInvalidValue;
   const size_t bytes = bwd_smem_bytes(kHeadDim, kConsumers, plan.q_tiles, plan.dq_pool != nullptr);
   auto* kernel = bwd_kernel<Element, kHeadDim, kConsumers>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {

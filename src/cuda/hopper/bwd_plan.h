@@ -101,12 +101,13 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan);
 // Whether that kernel keeps its running dQ in the workspace's pool (BwdPlan::dq_pool) rather than
 // in shared memory: where the workspace holds the pool (LaunchPlan::dq_accum: fuse_dq over more
 // than one key tile, not in the portable kernel's shared memory) with room for a slot a block,
-// head-dim bucket 16 or 32 (bucket 64's kernel would spill with it), and a block's consumers
-// take at most q_tiles - 1 turns a key block (a turn's tile is copied
-// ahead after the previous turn's wait, which orders it after the tile's last write; 4 query
+// head-dim bucket 16 or 32 (bucket 64's kernel would spill with it), and more query tiles than
+// consumers (a turn's tile is copied ahead after the same consumer's previous turn's wait, which
+// orders it after the tile's last write only then; 4 query
 // tiles or more), and either the shared-memory dQ does not fit (Lq above 832 at head-dim bucket
-// 32) or EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch: three consumers at
-// tri768). `sms`: the blocks of the persistent grid at most.
+// 32; with two or three consumers, as bwd_consumers_for takes them on the pool) or
+// EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch: three consumers at tri768).
+// `sms`: the blocks of the persistent grid at most.
 bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms);
 // The plan of such a call (its tensor maps encoded here).
 cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out);
