@@ -274,7 +274,7 @@ WorkspaceLayout workspace_layout(const BwdParams& p, const LaunchPlan& plan) {
     return at;
   };
   if (p.dtype != DType::kF32) {  // the SIMT path never chunks
-    if (plan.fuse_dq && plan.k_tiles > 1 && !plan.dq_in_smem) {
+    if (cuda::running_dq_pool(plan)) {
       w.dq_accum_offset = place(static_cast<size_t>(plan.dq_slots * p.Lq) * plan.dq_width * sizeof(float));
       w.dq_busy_offset = place(static_cast<size_t>(plan.dq_slots) * sizeof(int));
     }

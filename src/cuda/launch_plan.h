@@ -123,6 +123,12 @@ struct LaunchPlan {
   int* dq_slot_busy;
 };
 
+// Whether the 16-bit backward's workspace holds the running-dQ pool (dq_accum, dq_slots slots):
+// the dK/dV kernel computes dQ over more than one key tile, not in its shared memory. The
+// dispatch's workspace layout places it; the Hopper dK/dV/dQ kernel may use it too
+// (hopper::bwd_dq_global).
+inline bool running_dq_pool(const LaunchPlan& plan) { return plan.fuse_dq && plan.k_tiles > 1 && !plan.dq_in_smem; }
+
 // A Delta not yet written by the key-pair dK/dV (LaunchPlan::delta_in_dkdv): a NaN whose payload
 // no arithmetic produces (the GPU's NaN results are 0x7fffffff, and NaNs widened from 16-bit
 // inputs have zero low bits), so the value itself tells that it is ready: no flag, no fence.

@@ -146,9 +146,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   using L = BwdLayout<kHeadDim, kConsumers, kBwdStages>;
   constexpr int kHalf = kHeadDim / 2;  // accumulators of a 64 x kHeadDim tile a thread
   constexpr int kC = L::kConsumers, kS = L::kStages;
-  // The running dQ in the workspace's pool: compiled at buckets 16 and 32 only (bwd_dq_global);
-  // with it, bucket 64's kernel spilled 12 bytes.
-  constexpr bool kDqPool = kHeadDim < 64;
+  constexpr bool kDqPool = bwd_dq_pool_compiled(kHeadDim);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
@@ -479,7 +477,9 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
 template <typename Element, int kHeadDim, int kConsumers>
 cudaError_t run_bwd(const BwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
   using L = BwdLayout<kHeadDim, kConsumers, kBwdStages>;
-  if (plan.consumers != kConsumers || (kHeadDim == 64 && plan.dq_pool != nullptr)) return cudaErrorInvalidValue;
+  if (plan.consumers != kConsumers || (!bwd_dq_pool_compiled(kHeadDim) && plan.dq_pool != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   const size_t bytes = bwd_smem_bytes(kHeadDim, kConsumers, plan.q_tiles, plan.dq_pool != nullptr);
   auto* kernel = bwd_kernel<Element, kHeadDim, kConsumers>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))) {

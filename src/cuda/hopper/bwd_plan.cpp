@@ -50,8 +50,8 @@ PairBiasSplit pair_bias_split(const BwdParams& p, int sms) {
 
 bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms) {
   const int bucket = head_dim_bucket(p.D);
-  const bool pool = p.dtype != DType::kF32 && plan.fuse_dq && plan.k_tiles > 1 && !plan.dq_in_smem;
-  if (!pool || bucket == 64 || plan.q_tiles < 4 || sms <= 0) return false;
+  const bool pool = p.dtype != DType::kF32 && running_dq_pool(plan);
+  if (!pool || !bwd_dq_pool_compiled(bucket) || plan.q_tiles < 4 || sms <= 0) return false;
   const int64_t items = p.B * p.N * p.H, blocks = items < sms ? items : sms;
   if (blocks * plan.q_tiles * 64 * bucket > int64_t{plan.dq_slots} * p.Lq * plan.dq_width) return false;
   const char* asked = std::getenv("EVOATTN_EXP_BWD_DQ_GLOBAL");

@@ -98,12 +98,14 @@ constexpr bool bwd_auto_prefers_hopper(int bucket, int64_t items, int sms) {
 // portable key-pair dK/dV's, which does not run): Delta comes from the row statistics.
 bool bwd_usable(const BwdParams& p, const LaunchPlan& plan);
 
-// Whether that kernel keeps its running dQ in the workspace's pool (BwdPlan::dq_pool) rather than
-// in shared memory: where the workspace holds the pool (LaunchPlan::dq_accum: fuse_dq over more
-// than one key tile, not in the portable kernel's shared memory) with room for a slot a block,
-// head-dim bucket 16 or 32 (bucket 64's kernel would spill with it), and more query tiles than
-// consumers (a turn's tile is copied ahead after the same consumer's previous turn's wait, which
-// orders it after the tile's last write only then; 4 query
+// Head-dim buckets whose dK/dV/dQ kernel is compiled with the workspace's running-dQ pool (16 and
+// 32: with it, bucket 64's kernel spilled 12 bytes).
+EVOATTN_HOST_DEVICE constexpr bool bwd_dq_pool_compiled(int bucket) { return bucket < 64; }
+// Whether the dK/dV/dQ kernel keeps its running dQ in the workspace's pool (BwdPlan::dq_pool)
+// rather than in shared memory: where the workspace holds the pool (running_dq_pool) with room for
+// a slot a block, the bucket's kernel has the code (bwd_dq_pool_compiled), and there are more
+// query tiles than consumers (a turn's tile is copied ahead after the same consumer's previous
+// turn's wait, which orders it after the tile's last write only then; 4 query
 // tiles or more), and either the shared-memory dQ does not fit (Lq above 832 at head-dim bucket
 // 32; with two or three consumers, as bwd_consumers_for takes them on the pool) or
 // EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch: three consumers at tri768).
