@@ -107,9 +107,10 @@ EVOATTN_HOST_DEVICE constexpr bool bwd_dq_pool_compiled(int bucket) { return buc
 // query tiles than consumers (a turn's tile is copied ahead after the same consumer's previous
 // turn's wait, which orders it after the tile's last write only then; 4 query
 // tiles or more), and either the shared-memory dQ does not fit (Lq above 832 at head-dim bucket
-// 32; with two or three consumers, as bwd_consumers_for takes them on the pool) or
-// EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch: three consumers at tri768).
-// `sms`: the blocks of the persistent grid at most.
+// 32; with two or three consumers, as bwd_consumers_for takes them on the pool), or the pool
+// makes room for three consumers where two would run (tri768), or EVOATTN_EXP_BWD_DQ_GLOBAL=1
+// asks for it (an experiment switch; =0 keeps the dQ in shared memory wherever it fits). `sms`:
+// the blocks of the persistent grid at most.
 bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms);
 // The plan of such a call (its tensor maps encoded here).
 cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out);
