@@ -230,7 +230,9 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
                            key_pair_bytes + cuda::dkdv_delta_smem_bytes(bucket) <= allowed;
     }
   }
-  plan.hopper_dkdv = cuda::hopper::bwd_usable(p, plan);
+  bool dq_pool = false;
+  plan.hopper_dkdv = cuda::hopper::bwd_usable(p, plan, &dq_pool);
+  plan.hopper_dq_pool = plan.hopper_dkdv && dq_pool;
   if (plan.hopper_dkdv) plan.delta_in_dkdv = false;
   return plan;
 }

@@ -117,6 +117,9 @@ struct LaunchPlan {
   // bwd_launch_plan): it computes dQ, dK and dV, reading Delta from the row statistics
   // (delta_in_dkdv is off then), and the kernels after it only the bias gradients.
   bool hopper_dkdv;
+  // With hopper_dkdv: that kernel's running dQ in the workspace's pool (dq_accum) rather than in
+  // its shared memory (decided with it by hopper::bwd_usable).
+  bool hopper_dq_pool;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x blocks per SM) >= 1: bwd_launch_plan
@@ -126,7 +129,7 @@ struct LaunchPlan {
 // Whether the 16-bit backward's workspace holds the running-dQ pool (dq_accum, dq_slots slots):
 // the dK/dV kernel computes dQ over more than one key tile, not in its shared memory. The
 // dispatch's workspace layout places it; the Hopper dK/dV/dQ kernel may use it too
-// (hopper::bwd_dq_global).
+// (LaunchPlan::hopper_dq_pool).
 inline bool running_dq_pool(const LaunchPlan& plan) { return plan.fuse_dq && plan.k_tiles > 1 && !plan.dq_in_smem; }
 
 // A Delta not yet written by the key-pair dK/dV (LaunchPlan::delta_in_dkdv): a NaN whose payload

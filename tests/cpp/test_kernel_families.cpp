@@ -269,7 +269,7 @@ TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
   EXPECT_FALSE(usable(128, 256));
 }
 
-// The Hopper backward's running dQ in the workspace's pool (hopper::bwd_dq_global) instead of
+// The Hopper backward's running dQ in the workspace's pool (LaunchPlan::hopper_dq_pool) instead of
 // shared memory, with 256 (b, n, h) or more (the workspace then holds the pool). In every case the
 // Hopper kernel differs from the portable backward (where the pool cannot run and shared memory
 // cannot hold the dQ, the switch would leave the call to the portable one) and agrees with it. With
@@ -490,7 +490,7 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_EQ(bwd_consumers_for(32, 7, 384), 3);   // Lq 448: the running dQ still fits
   EXPECT_EQ(bwd_consumers_for(32, 8, 512), 2);   // msacol: the running dQ does not fit
   EXPECT_EQ(bwd_consumers_for(32, 12, 768), 2);  // tri768
-  // With the running dQ in the workspace (bwd_dq_global), a staging tile a consumer in its place:
+  // With the running dQ in the workspace (hopper_dq_pool), a staging tile a consumer in its place:
   // three consumers at tri768, and any Lq fits.
   EXPECT_LE(bwd_smem_bytes(32, 3, 12, true), size_t{227} * 1024);
   EXPECT_LE(bwd_smem_bytes(32, 2, 1000, true), size_t{227} * 1024);

@@ -46,8 +46,9 @@ PairBiasSplit pair_bias_split(const BwdParams& p, int sms) {
   return s;
 }
 
-}  // namespace
-
+#if defined(EVOATTN_WITH_HOPPER)
+// Whether the running dQ lives in the workspace's pool (bwd_usable's `dq_pool` says when). `sms`:
+// the blocks of the persistent grid at most.
 bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms) {
   const int bucket = head_dim_bucket(p.D);
   const bool pool = p.dtype != DType::kF32 && running_dq_pool(plan);
@@ -62,8 +63,12 @@ bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms) {
   return smem_short ||
          bwd_consumers_for(bucket, plan.q_tiles, p.Lk, true) > bwd_consumers_for(bucket, plan.q_tiles, p.Lk, false);
 }
+#endif
 
-bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
+}  // namespace
+
+bool bwd_usable(const BwdParams& p, const LaunchPlan& plan, bool* dq_pool) {
+  if (dq_pool != nullptr) *dq_pool = false;
 #if !defined(EVOATTN_WITH_HOPPER)
   (void)p;
   (void)plan;
@@ -85,8 +90,12 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan) {
   if (family == Family::kAuto && !bwd_auto_prefers_hopper(bucket, items, sms)) return false;
   if (!tile_takes_tma(p, plan) || !seq_tensors_take_tma(p)) return false;
   size_t allowed = 0;
-  return smem_per_block_limit(p.device, &allowed) == cudaSuccess &&
-         bwd_smem_bytes(bucket, consumers, plan.q_tiles, dq_global) <= allowed;
+  if (smem_per_block_limit(p.device, &allowed) != cudaSuccess ||
+      bwd_smem_bytes(bucket, consumers, plan.q_tiles, dq_global) > allowed) {
+    return false;
+  }
+  if (dq_pool != nullptr) *dq_pool = dq_global;
+  return true;
 #endif
 }
 
@@ -107,7 +116,7 @@ cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* o
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;
   }
-  const bool dq_global = bwd_dq_global(p, plan, hopper_sms(p.device));
+  const bool dq_global = plan.hopper_dq_pool;
   if (dq_global && plan.dq_accum == nullptr) return cudaErrorInvalidValue;  // the workspace holds the pool
   out->dq_pool = dq_global ? plan.dq_accum : nullptr;
   out->consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk, dq_global);

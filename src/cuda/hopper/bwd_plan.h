@@ -33,7 +33,7 @@ struct BwdPlan {
   // The running dQ between key blocks: null, in shared memory ([64 q_tiles][bucket] floats); or
   // this pool of the workspace (LaunchPlan::dq_accum), a [64 q_tiles][bucket] slot a block, each
   // consumer's next dQ turn's tile copied ahead into a staging tile in shared memory
-  // (bwd_dq_global).
+  // (LaunchPlan::hopper_dq_pool).
   float* dq_pool;
 };
 
@@ -93,26 +93,24 @@ constexpr bool bwd_auto_prefers_hopper(int bucket, int64_t items, int sms) {
 // 64 with D >= kExactDeltaHeadDim (below it Delta must be summed from the portable kernels' very P
 // and dP, backend.h), Q, dO, K, V and the tile bias (if any: at most one, the fast tile) laid
 // out as TMA takes them, and the running dQ of Lq rows fits shared memory or the workspace's pool
-// holds it (bwd_dq_global). Asked once a call, by
-// the dispatch's bwd_launch_plan (LaunchPlan::hopper_dkdv), which then clears delta_in_dkdv (the
-// portable key-pair dK/dV's, which does not run): Delta comes from the row statistics.
-bool bwd_usable(const BwdParams& p, const LaunchPlan& plan);
+// holds it. `dq_pool` (if not null) receives where that running dQ lives: true for the pool
+// (BwdPlan::dq_pool), taken where the workspace holds the pool (running_dq_pool) with room for a
+// slot a block, the bucket's kernel has the code (bwd_dq_pool_compiled), the key block has 4
+// query tiles or more (a turn's tile is copied ahead after the same consumer's previous turn's
+// wait, which orders it after the tile's last write only where there are more query tiles than
+// consumers), and either the shared-memory dQ does not fit (Lq above 832 at head-dim bucket 32),
+// or the pool makes room for three consumers where two would run (tri768), or
+// EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch; =0 keeps the dQ in shared memory
+// wherever it fits). Asked once a call, by the dispatch's bwd_launch_plan (LaunchPlan::hopper_dkdv
+// and hopper_dq_pool), which then clears delta_in_dkdv (the portable key-pair dK/dV's, which does
+// not run): Delta comes from the row statistics.
+bool bwd_usable(const BwdParams& p, const LaunchPlan& plan, bool* dq_pool = nullptr);
 
 // Head-dim buckets whose dK/dV/dQ kernel is compiled with the workspace's running-dQ pool (16 and
 // 32: with it, bucket 64's kernel spilled 12 bytes).
 EVOATTN_HOST_DEVICE constexpr bool bwd_dq_pool_compiled(int bucket) { return bucket < 64; }
-// Whether the dK/dV/dQ kernel keeps its running dQ in the workspace's pool (BwdPlan::dq_pool)
-// rather than in shared memory: where the workspace holds the pool (running_dq_pool) with room for
-// a slot a block, the bucket's kernel has the code (bwd_dq_pool_compiled), and there are more
-// query tiles than consumers (a turn's tile is copied ahead after the same consumer's previous
-// turn's wait, which orders it after the tile's last write only then; 4 query
-// tiles or more), and either the shared-memory dQ does not fit (Lq above 832 at head-dim bucket
-// 32; with two or three consumers, as bwd_consumers_for takes them on the pool), or the pool
-// makes room for three consumers where two would run (tri768), or EVOATTN_EXP_BWD_DQ_GLOBAL=1
-// asks for it (an experiment switch; =0 keeps the dQ in shared memory wherever it fits). `sms`:
-// the blocks of the persistent grid at most.
-bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms);
-// The plan of such a call (its tensor maps encoded here).
+// The plan of such a call (its tensor maps encoded here; the running dQ where
+// LaunchPlan::hopper_dq_pool says).
 cudaError_t make_bwd_plan(const BwdParams& p, const LaunchPlan& plan, BwdPlan* out);
 
 // The pair bias's gradient (bwd_pair_bias_kernel.cuh), summed over n: tiles of 128 queries x
