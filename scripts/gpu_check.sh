@@ -99,10 +99,13 @@ if want sanitize || want sanitize-hopper; then
   # splits.
   hopper_filter='KernelFamily.HopperPairBias*:*Forward*cuda_bf16*Lq17*:*BiasesAndMasks*cuda_bf16*pairinf*:*Forward*cuda_fp16*Lq17*:*Forward*cuda_bf16_B1N64H8_Lq130Lk136_D64*:*Forward*cuda_bf16_B2N1H2_Lq80Lk136_D24*:KernelFamily.HopperSwitch*:KernelFamily.AutoTakes*:*Backward*cuda_bf16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_fp16_B2N3H2_Lq80Lk136_D32*:*Backward*cuda_bf16_B1N64H4_Lq40Lk392_D32*:*Backward*cuda_bf16_B1N128H2_Lq70Lk200_D24*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D32*:*Backward*cuda_bf16_B1N64H2_Lq100Lk136_D8*:*Backward*cuda_bf16_B1N128H2_Lq40Lk200_D16*:*Backward*cuda_bf16_B1N16H2_Lq100Lk240_D64*:*Backward*cuda_bf16_B1N64H4_Lq66Lk384_D64*:*Backward*cuda_fp16_B1N64H4_Lq70Lk200_D48*'
   for tool in memcheck racecheck; do sanitize_shards "sanitizer_hopper_$tool" hopper "$tool" "$hopper_filter"; done
-  # The dK/dV/dQ kernel's running dQ in the workspace's pool (L 512 to 896, 256 (b, n, h)):
-  # memcheck (its copies and stores are global memory, which racecheck does not watch). One test:
-  # one process (compute-sanitizer fails a shard that runs no test).
-  SANITIZE_SHARDS=1 sanitize_shards sanitizer_hopper_dq_pool_memcheck hopper memcheck 'KernelFamily.HopperBackwardRunningDq*'
+  # The dK/dV/dQ kernel's running dQ in the workspace's pool (five cases, L 200 to 1000, 256 or
+  # 320 (b, n, h)): memcheck of all (its copies and stores are global memory), racecheck (the
+  # staging tiles its cp.async copies fill) of the smallest alone: all five took more than 150 s.
+  # (compute-sanitizer fails a shard that runs no test: no more shards than tests.)
+  sanitize_shards sanitizer_hopper_dq_pool_memcheck hopper memcheck 'KernelFamily/HopperBackwardRunningDq.*'
+  SANITIZE_SHARDS=1 sanitize_shards sanitizer_hopper_dq_pool_racecheck hopper racecheck \
+    'KernelFamily/HopperBackwardRunningDq.*/N80_Lq200_Lk384_D24_asked'
 fi
 
 if want bench; then

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,39 @@
 
 namespace evoattn::test {
 namespace {
+
+// The Hopper backward's running dQ in the workspace's pool (LaunchPlan::hopper_dq_pool) instead of
+// shared memory, with 256 (b, n, h) or more (the workspace then holds the pool). In every case the
+// Hopper kernel differs from the portable backward (where the pool cannot run and shared memory
+// cannot hold the dQ, the switch would leave the call to the portable one) and agrees with it. With
+// EVOATTN_EXP_BWD_DQ_GLOBAL=1 asking for the pool where shared memory also fits, dQ, dK and dV are
+// bit for bit those of the shared-memory dQ, even where the pool brings three consumers in place
+// of two: dQ sums its 16-key wgmma k-steps in key order whatever the key blocks, the running dQ is
+// float32 in either place, and dK and dV sum over the query tiles in order.
+struct DqPoolCase {
+  int64_t N, Lq, Lk, D;
+  bool asked;  // EVOATTN_EXP_BWD_DQ_GLOBAL=1, compared bit for bit with =0 (the shared-memory dQ)
+};
+constexpr DqPoolCase kDqPoolCases[] = {
+    {64, 512, 512, 32, true},     // two consumers either way
+    {64, 768, 768, 32, true},     // tri768's shape: three consumers on the pool, two in shared memory
+    {80, 200, 384, 24, true},     // three consumers either way; 4 query tiles, a partial one, D < bucket
+    {64, 896, 896, 32, false},    // shared memory does not fit: the pool by default, two consumers
+    {64, 1000, 960, 32, false},   // the pool by default, three consumers, 16 query tiles and 5 key
+                                  // blocks: 80 steps an item, so the turns shift across items
+};
+
+std::string dq_pool_case_name(const DqPoolCase& c) {
+  return "N" + std::to_string(c.N) + "_Lq" + std::to_string(c.Lq) + "_Lk" + std::to_string(c.Lk) + "_D" +
+         std::to_string(c.D) + (c.asked ? "_asked" : "_default");
+}
+void PrintTo(const DqPoolCase& c, std::ostream* os) { *os << dq_pool_case_name(c); }
+
+// One test a case (KernelFamily/HopperBackwardRunningDq.InTheWorkspace/N64_Lq512_Lk512_D32_asked,
+// ...), so that a sanitizer can run the small one alone.
+class HopperBackwardRunningDq : public ::testing::TestWithParam<DqPoolCase> {};
+INSTANTIATE_TEST_SUITE_P(KernelFamily, HopperBackwardRunningDq, ::testing::ValuesIn(kDqPoolCases),
+                         [](const ::testing::TestParamInfo<DqPoolCase>& info) { return dq_pool_case_name(info.param); });
 
 #if defined(EVOATTN_WITH_CUDA) && defined(EVOATTN_WITH_HOPPER)
 
@@ -269,51 +303,27 @@ TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
   EXPECT_FALSE(usable(128, 256));
 }
 
-// The Hopper backward's running dQ in the workspace's pool (LaunchPlan::hopper_dq_pool) instead of
-// shared memory, with 256 (b, n, h) or more (the workspace then holds the pool). In every case the
-// Hopper kernel differs from the portable backward (where the pool cannot run and shared memory
-// cannot hold the dQ, the switch would leave the call to the portable one) and agrees with it. With
-// EVOATTN_EXP_BWD_DQ_GLOBAL=1 asking for the pool where shared memory also fits, dQ, dK and dV are
-// bit for bit those of the shared-memory dQ, even where the pool brings three consumers in place
-// of two: dQ sums its 16-key wgmma k-steps in key order whatever the key blocks, the running dQ is
-// float32 in either place, and dK and dV sum over the query tiles in order.
-struct DqPoolCase {
-  int64_t N, Lq, Lk, D;
-  bool asked;  // EVOATTN_EXP_BWD_DQ_GLOBAL=1, compared bit for bit with =0 (the shared-memory dQ)
-};
-constexpr DqPoolCase kDqPoolCases[] = {
-    {64, 512, 512, 32, true},     // two consumers either way
-    {64, 768, 768, 32, true},     // tri768's shape: three consumers on the pool, two in shared memory
-    {80, 200, 384, 24, true},     // three consumers either way; 4 query tiles, a partial one, D < bucket
-    {64, 896, 896, 32, false},    // shared memory does not fit: the pool by default, two consumers
-    {64, 1000, 960, 32, false},   // the pool by default, three consumers, 16 query tiles and 5 key
-                                  // blocks: 80 steps an item, so the turns shift across items
-};
-
-TEST(KernelFamily, HopperBackwardRunningDqInTheWorkspace) {
+TEST_P(HopperBackwardRunningDq, InTheWorkspace) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
-  std::mt19937_64 rng(733);
+  const DqPoolCase& c = GetParam();
+  std::mt19937_64 rng(733 + c.N + c.Lq + c.Lk + c.D);
   const int64_t B = 1, H = 4;
-  for (const DqPoolCase& c : kDqPoolCases) {
-    SCOPED_TRACE("N" + std::to_string(c.N) + " Lq" + std::to_string(c.Lq) + " Lk" + std::to_string(c.Lk) + " D" +
-                 std::to_string(c.D));
-    Inputs in(rng, B, c.N, c.Lq, H, c.D, c.Lk);
-    const Tensor d_o = random_bf16(rng, {B, c.N, c.Lq, H, c.D}, -1, 1);
-    in.forward("portable");
-    std::vector<std::vector<double>> in_smem;  // the shared-memory dQ (=0), where the pool is asked for
-    if (c.asked) {
-      const ScopedEnv keep("EVOATTN_EXP_BWD_DQ_GLOBAL", "0");
-      in_smem = backward("hopper", d_o, in);
-    }
-    const ScopedEnv ask("EVOATTN_EXP_BWD_DQ_GLOBAL", c.asked ? "1" : "");
-    const auto hopper = backward("hopper", d_o, in);
-    const auto portable = backward("portable", d_o, in);
-    EXPECT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
-    const char* names[] = {"dq", "dk", "dv", "d(pair_bias)"};
-    for (int i = 0; i < 4; ++i) EXPECT_LE(relative_gap(hopper[i], portable[i]), 2e-2) << names[i];
-    if (c.asked) {
-      for (int i = 0; i < 3; ++i) EXPECT_EQ(hopper[i], in_smem[i]) << names[i] << ": the pool against shared memory";
-    }
+  Inputs in(rng, B, c.N, c.Lq, H, c.D, c.Lk);
+  const Tensor d_o = random_bf16(rng, {B, c.N, c.Lq, H, c.D}, -1, 1);
+  in.forward("portable");
+  std::vector<std::vector<double>> in_smem;  // the shared-memory dQ (=0), where the pool is asked for
+  if (c.asked) {
+    const ScopedEnv keep("EVOATTN_EXP_BWD_DQ_GLOBAL", "0");
+    in_smem = backward("hopper", d_o, in);
+  }
+  const ScopedEnv ask("EVOATTN_EXP_BWD_DQ_GLOBAL", c.asked ? "1" : "");
+  const auto hopper = backward("hopper", d_o, in);
+  const auto portable = backward("portable", d_o, in);
+  EXPECT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
+  const char* names[] = {"dq", "dk", "dv", "d(pair_bias)"};
+  for (int i = 0; i < 4; ++i) EXPECT_LE(relative_gap(hopper[i], portable[i]), 2e-2) << names[i];
+  if (c.asked) {
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(hopper[i], in_smem[i]) << names[i] << ": the pool against shared memory";
   }
 }
 
@@ -417,7 +427,7 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
 TEST(KernelFamily, HopperBackwardTakesHeadDimBucket64WhereItFits) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
-TEST(KernelFamily, HopperBackwardRunningDqInTheWorkspace) {
+TEST_P(HopperBackwardRunningDq, InTheWorkspace) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
 TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) {
