@@ -17,6 +17,8 @@
 #     (about 70 s: a forward change's first check); TESTS=backward the same with the Hopper
 #     backward cases instead. AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
 #     adds runs of a version under environment variables (an experiment's switch), tagged so.
+#     TEST_ENV="NAME=VALUE ..." (with TESTS=forward or backward) runs those cases a second time
+#     with the assignments exported.
 #     SHAPES_FILE=FILE times FILE's shapes (a line each, as `evoattn bench` flags) instead of the suite.
 #     Each suite takes about 45 s on an H200 (2026-12-03): mind the call's 10 minutes.
 set -uo pipefail
@@ -90,11 +92,20 @@ fi
 if [ "$TESTS" = forward ] || [ "$TESTS" = backward ]; then
   family_tests family
   if [ "$TESTS" = forward ]; then
-    run_shards "${TESTS}_hopper" hopper "$(hopper_cases Forward BiasesAndMasks Layouts)"
+    cases=$(hopper_cases Forward BiasesAndMasks Layouts)
   else
-    run_shards "${TESTS}_hopper" hopper "$(hopper_cases Backward)"
+    cases=$(hopper_cases Backward)
   fi
+  run_shards "${TESTS}_hopper" hopper "$cases"
   grep -qE '^\[       OK \]' "$OUT/${TESTS}_hopper.log" || status=1  # all skipped: no GPU
+  if [ -n "${TEST_ENV:-}" ]; then
+    # The same cases again with TEST_ENV's assignments exported (an experiment's switch), then
+    # unset before the timings.
+    # shellcheck disable=SC2086 # NAME=VALUE words
+    export $TEST_ENV
+    run_shards "${TESTS}_hopper_test_env" hopper "$cases"
+    for assignment in $TEST_ENV; do unset "${assignment%%=*}"; done
+  fi
   [ $status = 0 ] || { echo "$last fails its $TESTS checks: no timing"; exit 1; }
 fi
 if [ "$TESTS" != only ]; then
