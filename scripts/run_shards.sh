@@ -4,8 +4,9 @@
 # on one. sanitize_shards (at the end) does the same under compute-sanitizer.
 #   usage: run_shards NAME FAMILY GTEST_FILTER     (needs BUILD and OUT; FAMILY may be auto)
 # TEST_TIMEOUT (seconds, default 1800) stops a hung shard (a kernel that deadlocks) as a failure.
-# Not much lower for the whole binary: SmallGpuVariants.MatchReference alone is minutes of float64
-# references (more than 135 s beside 15 other shards on an H200 machine: docs/perf/log.md v62).
+# Not much lower for the whole binary: its float64 references take minutes (SmallGpuVariants, one
+# case until session 69, took more than 135 s beside 15 other shards on an H200 machine:
+# docs/perf/log.md v62; it is now one case a run, which shards share).
 # Every case that runs a GPU kernel (the CUDA instances of the grids, workspace, CUDA graph,
 # large-index and small-GPU cases, the kernel-family and Hopper-plan tests).
 CUDA_CASES='*cuda*:*Workspace*:*CudaGraph*:*LargeIndex*:*SmallGpu*:KernelFamily*:HopperPlan*'
