@@ -20,6 +20,8 @@
 #     TEST_ENV="NAME=VALUE ..." (with TESTS=forward or backward) runs those cases a second time
 #     with the assignments exported.
 #     SHAPES_FILE=FILE times FILE's shapes (a line each, as `evoattn bench` flags) instead of the suite.
+#     BENCH_FLAGS="--forward-only" (the CLIs must know the flag) skips the f+b timings (a
+#     forward change's A/B); the f+b means then read 0.
 #     Each suite takes about 45 s on an H200 (2026-12-03): mind the call's 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,12 +74,13 @@ bench_runs() {
   local cli i=0 line
   cli="build-ab/$(version "$1")/evoattn"
   if [ -z "${SHAPES_FILE:-}" ]; then
-    env $(assignment "$1") "$cli" bench --suite --backend cuda --dtype bf16 2>&1 | awk 'NR > 3'
+    # shellcheck disable=SC2086 # BENCH_FLAGS: several flags
+    env $(assignment "$1") "$cli" bench --suite --backend cuda --dtype bf16 ${BENCH_FLAGS:-} 2>&1 | awk 'NR > 3'
     return
   fi
   while read -r line; do
     # shellcheck disable=SC2086 # a shape line is several flags
-    env $(assignment "$1") "$cli" bench $line --backend cuda --dtype bf16 2>&1 < /dev/null | tail -1 | sed "s/^/s${i}_/"
+    env $(assignment "$1") "$cli" bench $line --backend cuda --dtype bf16 ${BENCH_FLAGS:-} 2>&1 < /dev/null | tail -1 | sed "s/^/s${i}_/"
     i=$((i + 1))
   done < "$SHAPES_FILE"
 }

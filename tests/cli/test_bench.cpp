@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "cli_test_util.h"
 #include "evoattn/evoattn.h"
@@ -67,6 +70,48 @@ TEST(Bench, CsvAppendsOneRowPerShapeAfterOneHeader) {
   for (const std::string& row : {lines[1], lines[2]}) {
     EXPECT_EQ(row.rfind("custom,1,8,8,8,4,32,mask+pair,", 0), 0u) << row;
     EXPECT_EQ(count_of(row, ","), count_of(lines[0], ",")) << row;
+  }
+}
+
+TEST(Bench, ForwardOnlyTimesTheForwardAlone) {
+  TempDir dir;
+  const std::string csv = (dir / "rows.csv").string();
+  const CliResult r =
+      run_cli({"bench", "--forward-only", "--iters", "1", "--warmup", "0", "--L", "8", "--csv", csv});
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The row's f+b ms and rate (and on CUDA its f+b/floor) read "-"; its fwd ms is a number.
+  std::vector<std::string> fields;
+  for (size_t at = r.out.find("\ncustom "); at != std::string::npos;) {
+    std::istringstream row(r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1));
+    for (std::string field; row >> field;) fields.push_back(field);
+    break;
+  }
+  // custom B1 N8 L8 H4 D32 mask+pair, backend, dtype, fwd ms, its rate, f+b ms, its rate
+  ASSERT_GE(fields.size(), 13u) << r.out;
+  EXPECT_EQ(fields[8], "bf16") << r.out;
+  EXPECT_NE(fields[9].find_first_of("0123456789"), std::string::npos) << r.out;
+  EXPECT_EQ(fields[11], "-") << r.out;
+  EXPECT_EQ(fields[12], "-") << r.out;
+  EXPECT_EQ(r.out.find("nan"), std::string::npos) << r.out;
+  // The CSV row: the f+b fields empty, the forward's filled.
+  std::ifstream file(csv);
+  std::vector<std::vector<std::string>> rows;
+  for (std::string line; std::getline(file, line);) {
+    std::vector<std::string> cells;
+    std::istringstream cell_stream(line);
+    for (std::string cell; std::getline(cell_stream, cell, ',');) cells.push_back(cell);
+    if (!line.empty() && line.back() == ',') cells.push_back("");
+    rows.push_back(cells);
+  }
+  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows[1].size(), rows[0].size());
+  for (size_t i = 0; i < rows[0].size(); ++i) {
+    const std::string& name = rows[0][i];
+    if (name == "fb_ms" || name == "fb_tflops" || name == "fb_floor_ms") {
+      EXPECT_EQ(rows[1][i], "") << name;
+    } else if (name == "fwd_ms" || name == "fwd_tflops") {
+      EXPECT_NE(rows[1][i], "") << name;
+    }
   }
 }
 

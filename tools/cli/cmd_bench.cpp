@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
+#include <string>
 
 #include "args.h"
 #include "attention_call.h"
@@ -23,8 +25,8 @@ namespace {
 const char* const kUsage =
     R"(usage: evoattn bench [--preset NAME | --suite] [--B N] [--N N] [--L N | --Lq N --Lk N]
                      [--H N] [--D N] [--bias mask,pair|mask|pair|none] [--dtype bf16|fp16|fp32]
-                     [--backend auto|cpu|cuda] [--verify] [--iters N] [--warmup N]
-                     [--threads N] [--tf32] [--csv FILE]
+                     [--backend auto|cpu|cuda] [--forward-only] [--verify] [--iters N]
+                     [--warmup N] [--threads N] [--tf32] [--csv FILE]
                      [--peak-tflops X] [--peak-tbps X] [--clock-mhz X]
 
 Times the forward, and the forward plus backward (gradients of q, k, v and the pair bias),
@@ -37,6 +39,7 @@ pair bias), which takes a few seconds on the CPU.
   --bias B         which biases: mask (bias [B,N,1,1,Lk]), pair (bias [B,1,H,Lq,Lk]), both or none
   --dtype T        bf16 (default), fp16 or fp32 (IEEE; --tf32 allows TF32 tensor cores)
   --backend B      auto (cuda when available, else cpu), cpu or cuda
+  --forward-only   time the forward alone (inference); the f+b columns show -
   --iters N        timed runs; the median is reported (default 5 on the CPU, 100 on CUDA)
   --warmup N       untimed runs first (default 1 on the CPU, 10 on CUDA)
   --threads N      CPU threads (default: all)
@@ -60,6 +63,7 @@ struct Settings {
   evoattn_device_type_t device;
   evoattn_options_t options;
   int warmup, iters;
+  bool forward_only;
   bool verify;
   DeviceRates rates;
   std::string csv_path;
@@ -110,6 +114,7 @@ Settings settings_from(const Args& args) {
   const bool cuda = s.device == EVOATTN_DEVICE_CUDA;
   s.warmup = static_cast<int>(args.integer("warmup", cuda ? 10 : 1, 0, 1 << 20));
   s.iters = static_cast<int>(args.integer("iters", cuda ? 100 : 5, 1, 1 << 20));
+  s.forward_only = args.has("forward-only");
   s.verify = args.has("verify");
   evoattn_options_init(&s.options);
   s.options.allow_tf32 = args.has("tf32") ? 1 : 0;
@@ -172,12 +177,17 @@ std::string ms_text(double ms) {
 void print_row(std::ostream& out, const Settings& s, const Row& r) {
   const bool cuda = s.device == EVOATTN_DEVICE_CUDA;
   const std::string shape = r.shape.name + " " + r.shape.dims() + " " + r.shape.biases();
-  out << format("%-42s %-7s %-5s %10s %12.2f %10s %12.2f", shape.c_str(), device_name(s.device),
-                util::dtype_name(s.dtype), ms_text(r.fwd_ms).c_str(), rate(r.fwd_flops, r.fwd_ms, cuda),
-                ms_text(r.fb_ms).c_str(), rate(r.fb_flops, r.fb_ms, cuda));
+  out << format("%-42s %-7s %-5s %10s %12.2f", shape.c_str(), device_name(s.device), util::dtype_name(s.dtype),
+                ms_text(r.fwd_ms).c_str(), rate(r.fwd_flops, r.fwd_ms, cuda));
+  if (s.forward_only) {
+    out << format(" %10s %12s", "-", "-");
+  } else {
+    out << format(" %10s %12.2f", ms_text(r.fb_ms).c_str(), rate(r.fb_flops, r.fb_ms, cuda));
+  }
   if (cuda) {
-    out << format(" %9.2f %9.2f %9.1f", r.fwd_ms / r.fwd_floor_ms, r.fb_ms / r.fb_floor_ms,
-                  r.extra_bytes / 1e6);
+    out << format(" %9.2f", r.fwd_ms / r.fwd_floor_ms);
+    out << (s.forward_only ? format(" %9s", "-") : format(" %9.2f", r.fb_ms / r.fb_floor_ms));
+    out << format(" %9.1f", r.extra_bytes / 1e6);
   }
   out << std::endl;  // rows appear as they finish
 }
@@ -201,10 +211,16 @@ void append_csv(std::ofstream& csv, const Settings& s, const Timer& timer, const
   csv << p.name << ',' << p.B << ',' << p.N << ',' << p.Lq << ',' << p.Lk << ',' << p.H << ','
       << p.D << ',' << p.biases() << ',' << device_name(s.device) << ',' << device << ','
       << util::dtype_name(s.dtype) << ',' << s.options.allow_tf32 << ','
-      << format("%.6g,%.6g,%.6g,%.6g,", r.fwd_ms, rate(r.fwd_flops, r.fwd_ms, true), r.fb_ms,
-                rate(r.fb_flops, r.fb_ms, true))
-      << (cuda ? format("%.6g,%.6g,%zu", r.fwd_floor_ms, r.fb_floor_ms, r.extra_bytes) : ",,")
-      << ',' << verdict << '\n';
+      << format("%.6g,%.6g,", r.fwd_ms, rate(r.fwd_flops, r.fwd_ms, true));
+  // --forward-only leaves the f+b fields empty.
+  const auto fb_field = [&](double value) { return s.forward_only ? std::string() : format("%.6g", value); };
+  csv << fb_field(r.fb_ms) << ',' << fb_field(rate(r.fb_flops, r.fb_ms, true)) << ',';
+  if (cuda) {
+    csv << format("%.6g,", r.fwd_floor_ms) << fb_field(r.fb_floor_ms) << format(",%zu", r.extra_bytes);
+  } else {
+    csv << ",,";
+  }
+  csv << ',' << verdict << '\n';
   csv.flush();
 }
 
@@ -215,12 +231,13 @@ Row measure(const ProblemShape& shape, const Settings& s, Timer& timer, std::mt1
                            GradRequest{false, shape.pair_bias, s.dtype});
   void* stream = timer.stream();
   const double fwd_ms = timer.median_ms([&] { call.forward(stream); }, s.warmup, s.iters);
-  const double fb_ms = timer.median_ms(
-      [&] {
-        call.forward(stream);
-        call.backward(stream);
-      },
-      s.warmup, s.iters);
+  const double fb_ms = s.forward_only ? std::numeric_limits<double>::quiet_NaN()
+                                      : timer.median_ms(
+                                            [&] {
+                                              call.forward(stream);
+                                              call.backward(stream);
+                                            },
+                                            s.warmup, s.iters);
   const size_t elem = util::dtype_size(s.dtype);
   const Work fwd = forward_work(shape, elem), fb = forward_backward_work(shape, elem);
   return Row{shape,
@@ -241,7 +258,7 @@ int bench_command(const std::vector<std::string>& words, std::ostream& out) {
   const Args args(words,
                   {"preset", "B", "N", "L", "Lq", "Lk", "H", "D", "dtype", "bias", "backend",
                    "iters", "warmup", "threads", "csv", "peak-tflops", "peak-tbps", "clock-mhz"},
-                  {"suite", "verify", "tf32", "help"});
+                  {"suite", "forward-only", "verify", "tf32", "help"});
   if (args.has("help")) {
     out << bench_usage();
     return 0;
