@@ -81,10 +81,10 @@ TEST(Bench, ForwardOnlyTimesTheForwardAlone) {
   ASSERT_EQ(r.code, 0) << r.err;
   // The row's f+b ms and rate (and on CUDA its f+b/floor) read "-"; its fwd ms is a number.
   std::vector<std::string> fields;
-  for (size_t at = r.out.find("\ncustom "); at != std::string::npos;) {
+  const size_t at = r.out.find("\ncustom ");
+  if (at != std::string::npos) {
     std::istringstream row(r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1));
     for (std::string field; row >> field;) fields.push_back(field);
-    break;
   }
   // custom B1 N8 L8 H4 D32 mask+pair, backend, dtype, fwd ms, its rate, f+b ms, its rate
   ASSERT_GE(fields.size(), 13u) << r.out;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -345,13 +346,14 @@ struct SmallGpuRun {
 };
 
 // Seeds 900, 901, ... in the order below; the head-dim-128 error case of each dtype takes the
-// seed after its runs.
+// seed after its runs (small_gpu_unsupported_seed).
 constexpr uint64_t kSmallGpuSeed = 900;
+constexpr evoattn_dtype_t kSmallGpuDtypes[] = {EVOATTN_BFLOAT16, EVOATTN_FLOAT16};
 
 std::vector<SmallGpuRun> small_gpu_runs() {
   std::vector<SmallGpuRun> out;
   uint64_t seed = kSmallGpuSeed;
-  for (evoattn_dtype_t dt : {EVOATTN_BFLOAT16, EVOATTN_FLOAT16}) {
+  for (evoattn_dtype_t dt : kSmallGpuDtypes) {
     const SmallGpuRun runs[] = {
         {kSm86Smem, shape(1, 130, 2, 70, 136, 64, dt).biases("bn11k", "b1hqk").grads(true, true)},
         {kSm86Smem, shape(2, 2, 1, 65, 200, 64, dt).biases("bn11k", "b1hqk")},
@@ -377,6 +379,13 @@ std::vector<SmallGpuRun> small_gpu_runs() {
   return out;
 }
 
+// The seed of SmallGpuUnsupported's case of the dtype with index `d` in kSmallGpuDtypes: the one
+// small_gpu_runs skips after that dtype's runs.
+uint64_t small_gpu_unsupported_seed(size_t d) {
+  const size_t runs = small_gpu_runs().size() / std::size(kSmallGpuDtypes);
+  return kSmallGpuSeed + d * (runs + 1) + runs;
+}
+
 std::string small_gpu_run_name(const SmallGpuRun& r) {
   return r.c.name() + "_under_" + std::to_string(r.cap / 1024) + "KB";
 }
@@ -398,12 +407,10 @@ INSTANTIATE_TEST_SUITE_P(Caps, SmallGpuVariants, ::testing::ValuesIn(small_gpu_r
 
 TEST(SmallGpuUnsupported, HeadDim128Under99KBNamesSharedMemory) {
   if (backend_missing(Backend::kCuda)) GTEST_SKIP() << kNoCudaMessage;
-  uint64_t seed = kSmallGpuSeed + 13;
-  for (evoattn_dtype_t dt : {EVOATTN_BFLOAT16, EVOATTN_FLOAT16}) {
-    Case big = shape(1, 2, 2, 17, 17, 128, dt);
+  for (size_t d = 0; d < std::size(kSmallGpuDtypes); ++d) {
+    Case big = shape(1, 2, 2, 17, 17, 128, kSmallGpuDtypes[d]);
     big.backend = Backend::kCuda;
-    big.seed = seed;
-    seed += 14;
+    big.seed = small_gpu_unsupported_seed(d);
     SmemCap cap(kSm86Smem);
     const Inputs in = make_inputs(big);
     const evoattn_options_t options = case_options(big);
