@@ -22,7 +22,7 @@
 //               an mbarrier: no consumer waits for the others unless it is the one that
 //               needs their dS^T
 //     mainloop  dV += P^T dO, dK += dS^T Q              (wgmma; P^T from registers, dS^T
-//               from shared memory: fewer live registers); then the next tile's S^T, dP^T
+//               too where they fit, bwd_dk_from_registers); then the next tile's S^T, dP^T
 //               one consumer in turn: dQ(tile) += dS K over the block's keys (wgmma, both
 //               operands transposed from shared memory), the running dQ of the whole (b, n, h)
 //               kept in shared memory between key blocks, or (BwdPlan::dq_pool, where it does
@@ -147,6 +147,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   constexpr int kHalf = kHeadDim / 2;  // accumulators of a 64 x kHeadDim tile a thread
   constexpr int kC = L::kConsumers, kS = L::kStages;
   constexpr bool kDqPool = bwd_dq_pool_compiled(kHeadDim);
+  constexpr bool kDkFromRegisters = bwd_dk_from_registers(kHeadDim, kConsumers);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
@@ -287,7 +288,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   //   a k-step of 16 rows kRowBytes 16-byte units on.
   const uint64_t do_mn = sw_seq + at(L::kDO, L::kSeqBytes), q_mn = sw_seq + at(L::kQ, L::kSeqBytes);
   const uint64_t ds_mn = sw128 + at(L::kDs, L::kDsBytes), k_mn = sw_seq + at(L::kK, L::kKvStageBytes);
-  //   K-major A of dK += dS^T Q: this consumer's rows of the dS^T buffer.
+  //   K-major A of dK += dS^T Q where it is read from shared memory: this consumer's rows of
+  //   the dS^T buffer.
   const uint64_t ds_k = sw128 + at(L::kDs, 16) + c * (64 * 128 >> 4);
   // This thread's ldmatrix.trans offset into a tile-bias box: the 8 x 8 blocks (keys 16w + 8 (m & 1),
   // queries 8 (2jj + (m >> 1))) of matrix m = lane / 8; query tile jj adds 16 rows (2048 bytes).
@@ -299,7 +301,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
 
   float s_acc[32], dp_acc[32], dk_acc[kHalf], dv_acc[kHalf];
   for (int i = 0; i < 32; ++i) s_acc[i] = dp_acc[i] = 0.0f;
-  uint32_t pa[4][4];
+  uint32_t pa[4][4], da[4][4];  // P^T and dS^T packed: the register A operands of dV and dK
 
   int kv_it = 0, it0 = 0;
   for (int bnh = blockIdx.x; bnh < items; bnh += gridDim.x, it0 += plan.k_blocks * plan.q_tiles) {
@@ -365,21 +367,26 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
       for (int kp = 0; kp < 4; ++kp)
         for (int i = 0; i < 4; ++i) {
           pa[kp][i] = pack2<Element>(s_acc[8 * kp + 2 * i], s_acc[8 * kp + 2 * i + 1]);
-          *reinterpret_cast<uint32_t*>(ds_buf + (i & 1) * 1024 + (((2 * kp + (i >> 1)) ^ g) * 16)) =
-              pack2<Element>(dp_acc[8 * kp + 2 * i], dp_acc[8 * kp + 2 * i + 1]);
+          da[kp][i] = pack2<Element>(dp_acc[8 * kp + 2 * i], dp_acc[8 * kp + 2 * i + 1]);
+          *reinterpret_cast<uint32_t*>(ds_buf + (i & 1) * 1024 + (((2 * kp + (i >> 1)) ^ g) * 16)) = da[kp][i];
         }
-      // The generic stores before the wgmma (async proxy) reads: this warpgroup's dK now, and
-      // the dQ of the consumer whose turn it is (announced on ds_full).
+      // The generic stores before the wgmma (async proxy) reads: the dQ of the consumer whose
+      // turn it is (announced on ds_full), and this warpgroup's dK where it reads dS^T from
+      // shared memory.
       fence_proxy_async();
-      named_barrier_sync(1 + c, 128);
+      if constexpr (!kDkFromRegisters) named_barrier_sync(1 + c, 128);
       mbarrier_arrive(&ds_full[buf]);
 
       // mainloop: dV += P^T dO, dK += dS^T Q (16 queries a k-step); then the next step's S^T, dP^T
       wgmma_fence();
       for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, kHeadDim>(dv_acc, pa[kp], do_mn + seq_off + L::kRowBytes * kp, 1);
       for (int kp = 0; kp < 4; ++kp) {
-        wgmma_ss<Element, kHeadDim, 0, 1>(dk_acc, ds_k + buf * (L::kDsBytes >> 4) + 2 * kp,
-                                          q_mn + seq_off + L::kRowBytes * kp, 1);
+        if constexpr (kDkFromRegisters) {
+          wgmma_rs<Element, kHeadDim>(dk_acc, da[kp], q_mn + seq_off + L::kRowBytes * kp, 1);
+        } else {
+          wgmma_ss<Element, kHeadDim, 0, 1>(dk_acc, ds_k + buf * (L::kDsBytes >> 4) + 2 * kp,
+                                            q_mn + seq_off + L::kRowBytes * kp, 1);
+        }
       }
       wgmma_commit();
       if (qt + 1 < plan.q_tiles) issue_s_dp(it + 1);

@@ -8,17 +8,17 @@
 //          pair_bias_reduce_kernel sums them in worker order. Deterministic, no atomics. A tile
 //          walks its n from an offset (PairBiasSplit::n_of), so that blocks in different tiles
 //          are at the same n and share its copies in L2.
-//   block  two consumer warpgroups (64 queries each) and a producer warpgroup, two warps of
-//          which work (setmaxnreg gives the rest of its registers to the consumers)
+//   block  four consumer warpgroups, each a 64 x 64 quarter of the tile, and a producer
+//          warpgroup, two warps of which work (setmaxnreg gives the rest of its registers to
+//          the consumers)
 //   producer warps:
 //     per tile: its four pair-bias boxes by TMA into one of two buffers, once for every n
 //     per unit: Q, dO, K, V of (b, n, h) (two 64-row boxes each) by TMA and the rows'
 //     statistics (the row-statistics kernel's) by cp.async into a ring of pair_bias_stages
 //     (four; two at bucket 64, whose boxes are twice as wide); from a second
 //     warp the keys' biases (x log2 e; -inf past Lk)
-//   consumers, per unit in two halves of 64 keys, each half's matmuls issued as soon as the
-//   previous unit's same half has freed its registers (the first half's then run under the
-//   second half's exponentials):
+//   consumers: per unit two steps of 32 keys through one set of registers (one consumer's
+//   matmuls run under the other three's exponentials):
 //     mainloop  S = Q K^T, dP = dO V^T                     (wgmma, K-major from shared memory)
 //     softmax   acc += P (dP - Delta), P = 2^((x - row max) - row log-sum), x = score_log2 as
 //               every kernel; factored as 2^x (2^-m dP - 2^-m Delta) in warps whose rows allow it
@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/element.cuh"
 #include "cuda/common/ptx.cuh"
@@ -46,11 +47,11 @@ namespace evoattn::cuda::hopper {
 template <int kHeadDimBucket>
 struct PairBiasLayout {
   static constexpr int kHeadDim = kHeadDimBucket;
-  static constexpr int kConsumers = 2;
+  static constexpr int kConsumers = kPairBiasConsumers;
   static constexpr int kStages = pair_bias_stages(kHeadDim);
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // As BwdLayout: the producer keeps 56 registers, the consumers take the rest (224).
-  static constexpr int kProducerRegisters = 56;
+  // The producer keeps 40 registers, the consumers take 104 (at 32 the key-bias warp spilled).
+  static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = consumer_registers(kConsumers, kProducerRegisters);
   static constexpr int kRowBytes = 2 * kHeadDim;
   static constexpr int kBoxBytes = 64 * kRowBytes;  // a 64-row box of Q, dO, K or V
@@ -72,33 +73,29 @@ struct PairBiasLayout {
   static_assert(kSeq % 1024 == 0 && kStageBytes % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms stay aligned");
 };
 
-// acc += P (dP - Delta) of one thread's 32 scores of a 64-key half (queries g, g + 8 of its warp's
-// rows; keys 8j + 2t, + 1), x the score in the log2 domain. kFactored: P (dP - Delta) =
+// acc += P (dP - Delta) of one thread's 8 kGroups scores of 16-key groups [kFirst, kFirst +
+// kGroups) of a 64-key half (queries g, g + 8 of its warp's rows; keys 16 kFirst + 8j + 2t, + 1),
+// x the score in the log2 domain. kFactored: P (dP - Delta) =
 // 2^x (c dP + d), c = 2^-m, d = -Delta c per row (one FFMA where x - m and dP - Delta took two
 // FADDs), for warps whose rows all have -32 <= m <= 64 and no log-sum: 2^x <= 2^m does not
 // overflow, c <= 2^32 leaves c dP finite up to |dP| of 2^96, and the terms 2^x flushes (x < -126)
 // have P < 2^-94. Otherwise P = 2^((x - row max) - row log-sum), as every kernel.
 // bias_row: the thread's ldmatrix row of the half's pair-bias box (m = lane / 8 its matrix), whose
 // 16 keys 16jj.. are read as they are used (register x4 m: row g + 8 (m & 1), keys
-// 16jj + 8 (m >> 1) + 2t, + 1); key: the half's key biases x log2 e; row_max, log_sum, delta: the
-// thread's two rows'.
-template <typename Element, bool kFactored>
-__device__ __forceinline__ void pair_bias_sums(float (&acc)[32], const float (&s)[32], const float (&dp)[32],
+// 16jj + 8 (m >> 1) + 2t, + 1); key: the half's key biases x log2 e; row_max, log_sum, delta, and
+// the factored form's c, d: the thread's two rows' (computed once a unit by the caller).
+template <typename Element, bool kFactored, int kFirst = 0, int kGroups = 4>
+__device__ __forceinline__ void pair_bias_sums(float (&acc)[8 * kGroups], const float (&s)[8 * kGroups],
+                                               const float (&dp)[8 * kGroups],
                                                uint32_t bias_row, int m, int lane, const float* key,
                                                const float (&row_max)[2], const float (&log_sum)[2],
-                                               const float (&delta)[2], float scale_log2, int t) {
-  float c[2], d[2];
-  if constexpr (kFactored) {
-    for (int r = 0; r < 2; ++r) {
-      c[r] = exp2_approx(-row_max[r]);
-      d[r] = -delta[r] * c[r];
-    }
-  }
-  for (int jj = 0; jj < 4; ++jj) {
+                                               const float (&delta)[2], const float (&c)[2], const float (&d)[2],
+                                               float scale_log2, int t) {
+  for (int jj = 0; jj < kGroups; ++jj) {
     uint32_t bias[4];
-    ldmatrix_x4(bias, bias_row + (((2 * jj + (m >> 1)) ^ (lane % 8)) * 16));
+    ldmatrix_x4(bias, bias_row + (((2 * (kFirst + jj) + (m >> 1)) ^ (lane % 8)) * 16));
     for (int j = 2 * jj; j < 2 * jj + 2; ++j) {
-      const float2 kb = *reinterpret_cast<const float2*>(key + 8 * j + 2 * t);
+      const float2 kb = *reinterpret_cast<const float2*>(key + 16 * kFirst + 8 * j + 2 * t);
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * j + 2 * r;
         const float2 tb = unpack2<Element>(bias[(j & 1) * 2 + r]);
@@ -253,124 +250,142 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
   // ---- consumers ----
   claim_registers<L::kConsumerRegisters>();
   const int c = wg, w = warp % 4, g = lane / 4, t = lane % 4;
+  // The consumer's query half and key half of the tile.
+  const int qh = c % 2, kh = c / 2;
   // Descriptors at stage 0 (a stage or a k-step adds its offset in 16-byte units): K-major Q, dO
   // rows of this consumer's queries, K, V rows of a key half.
   const uint64_t sw_seq = smem_desc<L::kRowBytes>(smem, 0, 8 * L::kRowBytes);
   auto at = [](int bytes) { return static_cast<uint64_t>(bytes >> 4) | static_cast<uint64_t>(1) << 16; };
-  const uint64_t q_desc = sw_seq + at(L::kSeq + L::kQ + c * L::kBoxBytes);
-  const uint64_t do_desc = sw_seq + at(L::kSeq + L::kDO + c * L::kBoxBytes);
+  const uint64_t q_desc = sw_seq + at(L::kSeq + L::kQ + qh * L::kBoxBytes);
+  const uint64_t do_desc = sw_seq + at(L::kSeq + L::kDO + qh * L::kBoxBytes);
   const uint64_t k_desc = sw_seq + at(L::kSeq + L::kK), v_desc = sw_seq + at(L::kSeq + L::kV);
   // This thread's ldmatrix offset into a pair-bias box: the 8 x 8 blocks (queries 16w + 8 (m & 1),
   // keys 8 (2jj + (m >> 1))) of matrix m = lane / 8; 16-key column pair jj adds 32 bytes before
   // the swizzle, applied per jj below.
   const int m = lane / 8;
-  const uint32_t bias_row = smem_addr(smem + L::kBias) + c * 2 * 8192 + (16 * w + 8 * (m & 1) + lane % 8) * 128;
+  const uint32_t bias_row = smem_addr(smem + L::kBias) + qh * 2 * 8192 + (16 * w + 8 * (m & 1) + lane % 8) * 128;
 
-  // The mainloop of one key half of unit `it`: S = Q K^T, dP = dO V^T into s, dp.
-  auto issue = [&](int it, float(&s)[32], float(&dp)[32], int half) {
+  // The mainloop of unit `it`'s 32 keys from 32 `sub` of key half `half`: S = Q K^T, dP = dO V^T
+  // into s, dp (kN = 32). The first issue of a unit waits for its stage.
+  auto issue = [&](int it, auto& s, auto& dp, int half, int sub, bool first) {
+    constexpr int kN = 2 * static_cast<int>(sizeof(s) / sizeof(float));
     const int st = it % kS;
-    if (half == 0) mbarrier_wait(&full[st], (it / kS) & 1);
-    const uint32_t off = st * (L::kStageBytes >> 4) + half * (L::kBoxBytes >> 4);
+    if (first) mbarrier_wait(&full[st], (it / kS) & 1);
+    const uint32_t off = st * (L::kStageBytes >> 4) + ((half * L::kBoxBytes + sub * 32 * L::kRowBytes) >> 4);
     wgmma_fence();
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      wgmma_ss<Element, 64>(s, q_desc + st * (L::kStageBytes >> 4) + 2 * kk, k_desc + off + 2 * kk, kk);
+      wgmma_ss<Element, kN>(s, q_desc + st * (L::kStageBytes >> 4) + 2 * kk, k_desc + off + 2 * kk, kk);
     }
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      wgmma_ss<Element, 64>(dp, do_desc + st * (L::kStageBytes >> 4) + 2 * kk, v_desc + off + 2 * kk, kk);
+      wgmma_ss<Element, kN>(dp, do_desc + st * (L::kStageBytes >> 4) + 2 * kk, v_desc + off + 2 * kk, kk);
     }
     wgmma_commit();
   };
-  // acc += P (dP - Delta) of one key half of unit `it` (stage st; the tile's pair bias in buffer buf).
-  auto sums = [&](float(&acc)[32], const float(&s)[32], const float(&dp)[32], int st, int half, int buf) {
-    const float* stats = reinterpret_cast<const float*>(smem + L::kStats + st * L::kStatsBytes);
+  // The thread's two rows' statistics of unit stage st, and whether a row of the warp's takes the
+  // general form: a recomputed row (row log-sum != 0, backend.h) or a row max outside [-32, 64]
+  // (or NaN).
+  struct RowStats {
     float row_max[2], log_sum[2], delta[2];
+    float c[2], d[2];  // the factored form's 2^-m and -Delta 2^-m (where not general)
+    bool general;
+  };
+  auto row_stats = [&](int st) {
+    const float* stats = reinterpret_cast<const float*>(smem + L::kStats + st * L::kStatsBytes);
+    RowStats rs;
+    bool general = false;
     for (int r = 0; r < 2; ++r) {
-      const int row = 64 * c + 16 * w + g + 8 * r;
-      delta[r] = stats[row];
-      row_max[r] = stats[128 + row];
-      log_sum[r] = stats[256 + row];
+      const int row = 64 * qh + 16 * w + g + 8 * r;
+      rs.delta[r] = stats[row];
+      rs.row_max[r] = stats[128 + row];
+      rs.log_sum[r] = stats[256 + row];
+      general |= rs.log_sum[r] != 0.0f || !(rs.row_max[r] >= -32.0f && rs.row_max[r] <= 64.0f);
     }
+    rs.general = __any_sync(0xffffffffu, general);
+    for (int r = 0; r < 2; ++r) {
+      rs.c[r] = rs.general ? 0.0f : exp2_approx(-rs.row_max[r]);
+      rs.d[r] = -rs.delta[r] * rs.c[r];
+    }
+    return rs;
+  };
+  // acc += P (dP - Delta) of one key half of unit stage st (the tile's pair bias in buffer buf),
+  // or with kGroups = 2 of its 32 keys from 16 kFirst.
+  auto sums = [&](auto first, auto groups, float(&acc)[8 * decltype(groups)::value],
+                  const float(&s)[8 * decltype(groups)::value], const float(&dp)[8 * decltype(groups)::value],
+                  const RowStats& rs, int st, int half, int buf) {
+    constexpr int kFirst = decltype(first)::value, kGroups = decltype(groups)::value;
     const uint32_t row = bias_row + buf * L::kBiasBytes + half * 8192;
     const float* key = reinterpret_cast<const float*>(smem + L::kKeyBias) + st * 128 + 64 * half;
-    // A recomputed row (row log-sum != 0, backend.h) or a row max outside [-32, 64] (or NaN)
-    // among the warp's: the general form.
-    bool general = false;
-    for (int r = 0; r < 2; ++r) general |= log_sum[r] != 0.0f || !(row_max[r] >= -32.0f && row_max[r] <= 64.0f);
-    if (__any_sync(0xffffffffu, general)) {
-      pair_bias_sums<Element, false>(acc, s, dp, row, m, lane, key, row_max, log_sum, delta, p.scale_log2, t);
+    if (rs.general) {
+      pair_bias_sums<Element, false, kFirst, kGroups>(acc, s, dp, row, m, lane, key, rs.row_max, rs.log_sum, rs.delta,
+                                                      rs.c, rs.d, p.scale_log2, t);
     } else {
-      pair_bias_sums<Element, true>(acc, s, dp, row, m, lane, key, row_max, log_sum, delta, p.scale_log2, t);
+      pair_bias_sums<Element, true, kFirst, kGroups>(acc, s, dp, row, m, lane, key, rs.row_max, rs.log_sum, rs.delta,
+                                                     rs.c, rs.d, p.scale_log2, t);
     }
   };
 
-  float s0[32], dp0[32], s1[32], dp1[32], acc0[32], acc1[32];
-  for (int i = 0; i < 32; ++i) s0[i] = dp0[i] = s1[i] = dp1[i] = 0.0f;
-  const int count = u1 - u0;  // at least 1 (PairBiasSplit::workers <= units)
-  int tiles = 0;
-  // Each unit issues the next one's halves as its own registers free up, the last unit its own
-  // again (the results unused): one loop body, whose accumulators ptxas keeps in place. The
-  // second half's sums run beside the next unit's first matmuls, the other consumer's work beside
-  // the rest. Every iteration drains its groups once: otherwise (groups in flight across the
-  // back edge, a peeled last unit, an epilogue beside them) ptxas serialized every wgmma (C7514).
-  issue(0, s0, dp0, 0);
-  issue(0, s1, dp1, 1);
-  for (int it = 0, k = u0 % split.n; it < count; ++it) {  // k: unit u's place in its tile
-    const int u = u0 + it, st = it % kS, next = it + 1 < count ? it + 1 : it;
-    wgmma_wait<0>();
-    fence_registers(s0);
-    fence_registers(dp0);
-    fence_registers(s1);
-    fence_registers(dp1);
-    if (it == 0 || k == 0) {
-      mbarrier_wait(&bias_full[tiles & 1], (tiles >> 1) & 1);
-      for (int i = 0; i < 32; ++i) acc0[i] = acc1[i] = 0.0f;
-    }
-    sums(acc0, s0, dp0, st, 0, tiles & 1);
-    issue(next, s0, dp0, 0);
-    sums(acc1, s1, dp1, st, 1, tiles & 1);
-    // Both halves' reads of this stage are done (the last unit's second issue reads it after
-    // this: nothing refills it then).
-    fence_proxy_async();
-    mbarrier_arrive(&empty[st]);
-    issue(next, s1, dp1, 1);
-    const bool tile_ends = k + 1 == split.n;
-    k = tile_ends ? 0 : k + 1;
-    if (it + 1 < count && !tile_ends) continue;
-
-    // epilogue: the tile's sums, to the gradient where this block holds all of its units, else
-    // to this worker's piece
-    const int tile = u / split.n;
-    fence_proxy_async();
-    mbarrier_arrive(&bias_empty[tiles & 1]);
-    ++tiles;
-    const int row0 = 64 * c + 16 * w + g;  // the thread's rows row0, row0 + 8 of the tile
+  // epilogue: a tile's sums of one 64 x 64 quarter (query half qh, key half `half`), to the
+  // gradient where this block holds all of the tile's units, else to this worker's piece.
+  const int row0 = 64 * qh + 16 * w + g;  // the thread's rows row0, row0 + 8 of the tile
+  auto store_sums = [&](int tile, const float(&acc)[32], int half) {
     if (tile * split.n >= u0 && (tile + 1) * split.n <= u1) {
       int b, h, qb, kb;
       coords(tile, b, h, qb, kb);
       const BiasGradParams& gp = p.dbias[task.grad_slot];
       const int64_t base = b * gp.stride.b + h * gp.stride.h;
-      auto store = [&](const float(&acc)[32], int half) {
-        for (int j = 0; j < 8; ++j)
-          for (int e = 0; e < 4; ++e) {
-            const int64_t q = int64_t{qb} * 128 + row0 + 8 * (e / 2);
-            const int64_t k = int64_t{kb} * 128 + 64 * half + 8 * j + 2 * t + e % 2;
-            if (q < p.Lq && k < p.Lk) store_any(gp.ptr, gp.dtype, base + q * gp.stride.q + k * gp.stride.k, acc[4 * j + e]);
-          }
-      };
-      store(acc0, 0);
-      store(acc1, 1);
+      for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+          const int64_t q = int64_t{qb} * 128 + row0 + 8 * (e / 2);
+          const int64_t k = int64_t{kb} * 128 + 64 * half + 8 * j + 2 * t + e % 2;
+          if (q < p.Lq && k < p.Lk) store_any(gp.ptr, gp.dtype, base + q * gp.stride.q + k * gp.stride.k, acc[4 * j + e]);
+        }
     } else {
       float* piece = task.partials + split.piece_slot(blockIdx.x, tile) * (128 * 128) + row0 * 128 + 2 * t;
-      auto store = [&](const float(&acc)[32], int half) {
-        for (int j = 0; j < 8; ++j)
-          for (int r = 0; r < 2; ++r) {
-            *reinterpret_cast<float2*>(piece + 8 * r * 128 + 64 * half + 8 * j) =
-                make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
-          }
-      };
-      store(acc0, 0);
-      store(acc1, 1);
+      for (int j = 0; j < 8; ++j)
+        for (int r = 0; r < 2; ++r) {
+          *reinterpret_cast<float2*>(piece + 8 * r * 128 + 64 * half + 8 * j) =
+              make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+        }
     }
+  };
+  const int count = u1 - u0;  // at least 1 (PairBiasSplit::workers <= units)
+  int tiles = 0;
+  // A unit's 64 keys in two steps of 32 through one set of S and dP (16 registers each, so the
+  // sums fit 104 registers): a consumer's matmuls run beside the other three's sums. The last
+  // unit issues its own first step again (results unused): one loop body, whose accumulators
+  // ptxas keeps in place. Every iteration drains its groups: with groups in flight across the back
+  // edge, a peeled last unit or an epilogue beside them, ptxas serialized every wgmma (C7514).
+  using Two = std::integral_constant<int, 2>;
+  float s[16], dp[16], acc[32];
+  for (int i = 0; i < 16; ++i) s[i] = dp[i] = 0.0f;
+  auto acc_part = [&](int part) -> float(&)[16] { return *reinterpret_cast<float(*)[16]>(acc + 16 * part); };
+  issue(0, s, dp, kh, 0, true);
+  for (int it = 0, k = u0 % split.n; it < count; ++it) {  // k: unit u's place in its tile
+    const int u = u0 + it, st = it % kS, next = it + 1 < count ? it + 1 : it;
+    wgmma_wait<0>();
+    fence_registers(s);
+    fence_registers(dp);
+    if (it == 0 || k == 0) {
+      mbarrier_wait(&bias_full[tiles & 1], (tiles >> 1) & 1);
+      for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+    }
+    const RowStats rs = row_stats(st);  // once for the unit's two steps
+    sums(std::integral_constant<int, 0>{}, Two{}, acc_part(0), s, dp, rs, st, kh, tiles & 1);
+    issue(it, s, dp, kh, 1, false);
+    wgmma_wait<0>();
+    fence_registers(s);
+    fence_registers(dp);
+    sums(Two{}, Two{}, acc_part(1), s, dp, rs, st, kh, tiles & 1);
+    fence_proxy_async();
+    mbarrier_arrive(&empty[st]);
+    issue(next, s, dp, kh, 0, true);
+    const bool tile_ends = k + 1 == split.n;
+    k = tile_ends ? 0 : k + 1;
+    if (it + 1 < count && !tile_ends) continue;
+    fence_proxy_async();
+    mbarrier_arrive(&bias_empty[tiles & 1]);
+    ++tiles;
+    store_sums(u / split.n, acc, kh);
   }
   wgmma_wait<0>();
 }

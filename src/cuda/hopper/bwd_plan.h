@@ -37,6 +37,12 @@ struct BwdPlan {
   float* dq_pool;
 };
 
+// Whether the dK/dV/dQ kernel's dK += dS^T Q takes dS^T from registers (as dV takes P^T), not from
+// the dS^T buffer in shared memory that dQ reads: a quarter fewer shared-memory bytes a step and
+// no warpgroup barrier. Three consumers at bucket 32 (152 registers) then spill and serialize
+// their wgmma (C7512), so they read it from shared memory.
+EVOATTN_HOST_DEVICE constexpr bool bwd_dk_from_registers(int bucket, int consumers) { return consumers == 2 || bucket == 16; }
+
 // Key blocks of 64 `consumers` keys over Lk.
 constexpr int64_t bwd_key_blocks(int consumers, int64_t Lk) { return (Lk + 64 * consumers - 1) / (64 * consumers); }
 
@@ -127,6 +133,9 @@ constexpr int kPairBiasMaxWorkers = 132;
 // Stages of its ring, one n a stage (Q, dO, K, V, the rows' statistics, the keys' biases): four,
 // two at head-dim bucket 64, where a stage's boxes take 64 KB.
 constexpr int pair_bias_stages(int bucket) { return bucket == 64 ? 2 : 4; }
+// Its consumer warpgroups: four, each a 64 x 64 quarter of the tile (S and dP of 32 keys at a time,
+// then their sums: 104 registers).
+constexpr int kPairBiasConsumers = 4;
 // Its block's dynamic shared memory (PairBiasLayout): two buffers of a tile's four pair-bias boxes
 // (64 x 64 x 2 bytes); per stage two 64-row boxes each of Q, dO, K and V (rows of 2 `bucket`
 // bytes), the statistics of 128 rows (12 bytes each) and 16 bytes unused, 128 key biases; the
