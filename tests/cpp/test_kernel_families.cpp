@@ -442,18 +442,21 @@ TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
 #ifdef EVOATTN_WITH_CUDA
 // The Hopper forward's host-side choices, checked without a GPU: three or four consumer
 // warpgroups only where an instantiation has them and their blocks cover Lq within 15% of the
-// fewest rows; every (bucket, consumers) layout fits the 227 KB an sm_90 block may take.
+// fewest rows, two (two blocks an SM) in three's place where they cover Lq as well; every (bucket, consumers) layout fits the 227 KB an sm_90 block may take.
 TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   using cuda::hopper::fwd_consumers_for;
   EXPECT_EQ(fwd_consumers_for(32, 768), 4);  // 3 blocks of 256 rows, as many as 4 of 192 or 6 of 128
-  EXPECT_EQ(fwd_consumers_for(32, 384), 3);  // 512 rows with four
+  EXPECT_EQ(fwd_consumers_for(32, 384), 2);  // 512 rows with four; two blocks of two an SM, not three
+  EXPECT_EQ(fwd_consumers_for(32, 192), 3);  // 256 rows with two or four
+  EXPECT_EQ(fwd_consumers_for(32, 576), 3);  // 640 rows with two
   EXPECT_EQ(fwd_consumers_for(32, 512), 4);
   EXPECT_EQ(fwd_consumers_for(32, 256), 4);  // 384 rows with three
   EXPECT_EQ(fwd_consumers_for(64, 256), 2);  // no four-consumer instantiation at 64; 384 rows with three
   EXPECT_EQ(fwd_consumers_for(64, 64), 2);
   EXPECT_EQ(fwd_consumers_for(16, 192), 3);  // 192 rows, against 256 with two or four
   EXPECT_EQ(fwd_consumers_for(16, 256), 4);
-  EXPECT_EQ(fwd_consumers_for(16, 384), 3);  // 512 rows with four
+  EXPECT_EQ(fwd_consumers_for(16, 384), 2);  // 512 rows with four; two blocks of two an SM, not three
+  EXPECT_EQ(fwd_consumers_for(64, 384), 3);  // one block an SM at 64
   EXPECT_EQ(fwd_consumers_for(16, 768), 4);
   EXPECT_EQ(fwd_consumers_for(128, 768), 2);  // no three-consumer instantiation at 128
   // The automatic choice: the Hopper forward from four work items a block (132 SMs).
@@ -527,6 +530,14 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
       EXPECT_LE(cuda::hopper::fwd_smem_bytes(bucket, c), size_t{227} * 1024) << "bucket " << bucket;
     }
   }
+  // Two blocks of two consumers share an SM at buckets 16 and 32: their shared memory and the 1 KB
+  // the GPU reserves a block fit its 228 KB.
+  for (int bucket : {16, 32}) {
+    ASSERT_EQ(cuda::hopper::fwd_blocks_per_sm(bucket, 2), 2);
+    EXPECT_LE(2 * (cuda::hopper::fwd_smem_bytes(bucket, 2) + 1024), size_t{228} * 1024) << "bucket " << bucket;
+  }
+  EXPECT_EQ(cuda::hopper::fwd_blocks_per_sm(32, 4), 1);
+  EXPECT_EQ(cuda::hopper::fwd_blocks_per_sm(64, 2), 1);
 }
 
 // The pair-bias gradient's split, checked without a GPU: the ranges tile the units in order,

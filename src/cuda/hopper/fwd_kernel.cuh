@@ -1,7 +1,8 @@
 // Forward kernel for float16 / bfloat16 on Hopper (sm_90a), after FlashAttention-3.
 //
 //   block = a producer warpgroup and kConsumers consumer warpgroups (fwd_consumers_for: 4 at head
-//   dims <= 32, 3 at <= 64, where Lq fills their blocks, else 2), one block per SM, walking work items
+//   dims <= 32, 3 at <= 64, where Lq fills their blocks, else 2), one block per SM (two of two
+//   consumers at head dims <= 32: fwd_blocks_per_sm), walking work items
 //   (64 query rows a consumer, of one (b, n, h)); the ring of key tiles runs on across items
 //   warpgroup 0, the producer (kProducerRegisters a thread):
 //     warp 0: each item's Q by TMA into one of two buffers, once the consumers released the item
@@ -16,7 +17,8 @@
 //               from shared memory): x = y scale log2 e is every kernel's score_log2
 //     softmax   P = 2^(y scale log2 e - m), one FFMA in the exponent; m: a lazy reference max
 //               of x (RowSoftmax, taken on y: scale > 0), moved before the exponentials at two
-//               or three consumers; at four, the exponentials first against m as it stands
+//               or three consumers in one block; at four, or two blocks of two an SM, the
+//               exponentials first against m as it stands
 //               (RowSoftmax::try_exponentiate) and m moved (to the tile's max) only where a
 //               row's P would pass 2^10 or the row is masked so far (the item's first tile
 //               always); l += rowsum P
@@ -27,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/common/element.cuh"
@@ -49,10 +52,16 @@ struct FwdLayout {
   static constexpr int kConsumers = kConsumerCount;
   static constexpr int kBlockRows = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegisters = 64;
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, kProducerRegisters);
+  static constexpr int kBlocksPerSm = fwd_blocks_per_sm(kHeadDim, kConsumers);
+  // Two blocks an SM: the producer at 48 (its key-bias warp one tile at a time; at 40 it spilled),
+  // the consumers at 96.
+  static constexpr int kProducerRegisters = kBlocksPerSm == 2 ? 48 : 64;
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, kProducerRegisters, kBlocksPerSm);
+  // One P register set and the exponentials first (as four consumers in one block) where the
+  // consumers have no registers for a second set.
+  static constexpr bool kExponentialsFirst = kConsumers == 4 || kBlocksPerSm == 2;
   static constexpr int kRows = 64;  // query rows per consumer; keys per tile
-  static constexpr int kStages = fwd_stages(kHeadDim);
+  static constexpr int kStages = fwd_stages(kHeadDim, kConsumers);
   static constexpr int kChunk = kHeadDim < 64 ? kHeadDim : 64;  // elements of a swizzled row
   static constexpr int kRowBytes = kChunk * 2;
   static constexpr int kChunks = kHeadDim / kChunk;
@@ -168,7 +177,7 @@ struct FwdItemWalk {
 };
 
 template <typename Element, int kHeadDim, int kConsumers>
-__global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
+__global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, FwdLayout<kHeadDim, kConsumers>::kBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdPlan plan, const FwdParams p) {
   using L = FwdLayout<kHeadDim, kConsumers>;
   extern __shared__ uint8_t smem_raw[];
@@ -243,8 +252,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
       // The key biases, a group of tiles loaded at once, the next group's loads in flight while
       // this group's values wait for their stages: a ring's worth with three consumers, two tiles
       // with two (whose larger consumer budget left the producer's 64 registers one short at four:
-      // ptxas spilled).
-      constexpr int kGroup = L::kConsumers >= 3 ? L::kStages : 2;
+      // ptxas spilled), one at two blocks an SM (48 registers).
+      constexpr int kGroup = L::kBlocksPerSm == 2 ? 1 : L::kConsumers >= 3 ? L::kStages : 2;
       uint32_t it0 = 0;
       FwdItemWalk walk(blockIdx.x, gridDim.x, plan, p);
       for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, it0 += plan.k_tiles, walk.advance(plan, p)) {
@@ -281,8 +290,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
   // P of the tiles in turn in two register sets: tile j's is written while tile j - 1's P V
   // still reads the other (one set written then would serialize the wgmma: ptxas C7513). Four
   // consumers at bucket 32 have no registers for two (96 a thread): one set, written once tile
-  // j - 1's P V has retired.
-  constexpr int kPSets = L::kConsumers == 4 && kHeadDim > 16 ? 1 : 2;
+  // j - 1's P V has retired; nor do two blocks an SM (96).
+  constexpr int kPSets = L::kBlocksPerSm == 2 || (L::kConsumers == 4 && kHeadDim > 16) ? 1 : 2;
   uint32_t pa[kPSets][4][4];
   RowSoftmax softmax;
   uint32_t it0 = 0;
@@ -347,11 +356,12 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
     wgmma_wait<1>();
     fence_registers(s_acc);
     if (j + 1 == plan.k_tiles) arrive(q_release);
-    // softmax. Four consumers: the exponentials first, against the maxima as they stand, the
-    // maxima only where that does not fit (try_exponentiate); with one P set, P is written once
-    // P V(j - 1) retired. Two or three: the maxima first, where the second P set already hides
-    // them (each order is the faster one there: perf/log.md v58).
-    if constexpr (L::kConsumers == 4) {
+    // softmax. Four consumers, or two blocks of two an SM: the exponentials first, against the
+    // maxima as they stand, the maxima only where that does not fit (try_exponentiate); with one
+    // P set, P is written once P V(j - 1) retired. Two or three in one block: the maxima first,
+    // where the second P set already hides them (each order is the faster one there: perf/log.md
+    // v58).
+    if constexpr (L::kExponentialsFirst) {
       // (The two places are written out: as a lambda or a RowSoftmax method ptxas schedules them
       // otherwise than the code v58 measured.)
       bool moved = false;
@@ -372,7 +382,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, 1)
       }
       if (moved) softmax.rescale(acc_o);
     } else {
-      static_assert(kPSets == 2, "one P set only at four consumers");
+      static_assert(kPSets == 2, "one P set only with the exponentials first");
       const bool moved = softmax.update(s_acc, p.scale_log2, false);
       softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
       wgmma_wait<0>();
@@ -455,8 +465,29 @@ cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)) return e;
   int sms = 0;
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device)) return e;
-  const int64_t items = p.B * p.N * p.H * plan.q_blocks;  // fwd_usable: below 2^31
-  const size_t blocks = static_cast<size_t>(items < sms ? items : sms);  // one block an SM, persistent
+  int per_sm = 1;
+  if constexpr (L::kBlocksPerSm > 1) {
+    // As many blocks as the SM holds, so that no persistent block waits for another to end: the
+    // carveout asked for kBlocksPerSm blocks (with the 1 KB the GPU reserves a block; the rest
+    // stays L1), then the occupancy it gives, once a device.
+    constexpr int kDevices = 64;
+    static std::atomic<int> resident[kDevices] = {};  // 0: not asked yet
+    per_sm = p.device >= 0 && p.device < kDevices ? resident[p.device].load(std::memory_order_relaxed) : 0;
+    if (per_sm == 0) {
+      int sm_bytes = 0;
+      if (cudaError_t e = cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device)) {
+        return e;
+      }
+      const int64_t want = int64_t{L::kBlocksPerSm} * (kBytes + 1024);
+      const int percent = want >= sm_bytes ? 100 : static_cast<int>((want * 100 + sm_bytes - 1) / sm_bytes);
+      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent)) return e;
+      if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, L::kThreads, kBytes)) return e;
+      per_sm = per_sm < 1 ? 1 : per_sm > L::kBlocksPerSm ? L::kBlocksPerSm : per_sm;
+      if (p.device >= 0 && p.device < kDevices) resident[p.device].store(per_sm, std::memory_order_relaxed);
+    }
+  }
+  const int64_t items = p.B * p.N * p.H * plan.q_blocks, slots = int64_t{sms} * per_sm;  // fwd_usable: below 2^31
+  const size_t blocks = static_cast<size_t>(items < slots ? items : slots);  // persistent: every block resident
   return launch_kernel(kernel, blocks, L::kThreads, kBytes, stream, plan, p);
 }
 

@@ -37,6 +37,14 @@ bool tile_takes_tma(const FwdParams& p, const LaunchPlan& plan) {
   return plan.tile_fast_slot >= 0 && tma_legal(tile_tensor_shape(p, plan.tile_single), plan.tile_single.ptr);
 }
 
+int fwd_consumers(int head_dim_bucket, int64_t Lq) {
+  if (const char* asked = std::getenv("EVOATTN_EXP_FWD_CONSUMERS")) {
+    const int c = std::atoi(asked);
+    if (c >= 2 && c <= fwd_max_consumers(head_dim_bucket) && variants::hopper_fwd_consumers(head_dim_bucket, c)) return c;
+  }
+  return fwd_consumers_for(head_dim_bucket, Lq);
+}
+
 bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
 #if !defined(EVOATTN_WITH_HOPPER)
   (void)p;
@@ -45,7 +53,7 @@ bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
 #else
   const Family family = requested_family();
   if (family == Family::kPortable || p.D > kMaxHeadDim || !(p.scale >= kFwdMinScale)) return false;
-  const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers_for(bucket, p.Lq);
+  const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers(bucket, p.Lq);
   const int64_t items = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
   // FwdItemWalk adds two digits below their radix in int32: B, N and H below 2^30 (the q-block
   // count is far below it: 2^30 q-blocks would be 2^37 rows of Q).
@@ -81,7 +89,7 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;
   }
-  out->consumers = fwd_consumers_for(bucket, p.Lq);
+  out->consumers = fwd_consumers(bucket, p.Lq);
   out->q_blocks = static_cast<int32_t>((p.Lq + 64 * out->consumers - 1) / (64 * out->consumers));
   out->k_tiles = static_cast<int32_t>((p.Lk + 63) / 64);
   out->key_slots = plan.key_slots;

@@ -14,10 +14,18 @@
 
 namespace evoattn::cuda::hopper {
 
+// Blocks of the Hopper forward an SM: two of two consumers at head-dim buckets 16 and 32 (as many
+// consumer warps as one block of four, each block's ring shared by two consumers, not four, and
+// Lq = 384 in three blocks of 128 rows with no padding), else one.
+constexpr int fwd_blocks_per_sm(int head_dim_bucket, int consumer_count) {
+  return consumer_count == 2 && head_dim_bucket <= 32 ? 2 : 1;
+}
+
 // Consumer warpgroups a block has, 64 query rows each: the most their registers allow (four at
 // head-dim buckets 16 and 32, three at 64: more warps to hide the softmax's latencies) whose blocks
 // cover Lq with at most 15% more rows than the count that covers it with the fewest
-// (fwd_consumers_for), else two.
+// (fwd_consumers_for), else two. Where two run two blocks an SM, they take three's place when they
+// cover Lq with no more rows (Lq = 384: 6.6% faster on b4tri384, perf/log.md v69).
 constexpr int fwd_max_consumers(int head_dim_bucket) {
   return variants::hopper_fwd_consumers(head_dim_bucket, 4) ? 4 : variants::hopper_fwd_consumers(head_dim_bucket, 3) ? 3 : 2;
 }
@@ -27,7 +35,9 @@ inline int fwd_consumers_for(int head_dim_bucket, int64_t Lq) {
   int64_t fewest = rows(2);
   for (int c = 3; c <= most; ++c) fewest = rows(c) < fewest ? rows(c) : fewest;
   for (int c = most; c > 2; --c) {
-    if (rows(c) * 20 <= fewest * 23) return c;
+    if (rows(c) * 20 > fewest * 23) continue;
+    if (c == 3 && fwd_blocks_per_sm(head_dim_bucket, 2) == 2 && rows(2) <= rows(3)) return 2;
+    return c;
   }
   return 2;
 }
@@ -37,7 +47,7 @@ struct FwdPlan {
   // 64 columns; the tile bias as [B, N, H, Lq, Lk] ({key, query, h, n, b}) in boxes of 64 x 64,
   // size 1 along the dimensions it broadcasts on.
   CUtensorMap q, k, v, tile;
-  int32_t consumers;   // fwd_consumers_for: 2 to 4
+  int32_t consumers;   // fwd_consumers: 2 to 4
   int32_t q_blocks;    // ceil(Lq / (64 consumers))
   int32_t k_tiles;     // ceil(Lk / 64)
   uint32_t key_slots;  // LaunchPlan::key_slots
@@ -86,19 +96,27 @@ bool tile_takes_tma(const FwdParams& p, const LaunchPlan& plan);
 // dimensions it broadcasts on (stride 0).
 TensorShape tile_tensor_shape(const FwdParams& p, const BiasParams& t);
 
+// fwd_consumers_for, unless the environment variable EVOATTN_EXP_FWD_CONSUMERS asks for a count
+// the bucket has an instantiation of (an experiment's switch: A/B timings of the choice).
+int fwd_consumers(int head_dim_bucket, int64_t Lq);
+
 // The plan of such a call (its tensor maps encoded here).
 cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* out);
 
 // Stages of the key-tile ring: deep enough that a copy's latency (about a microsecond) hides
-// behind the consumers' work on the tiles before it.
-constexpr int fwd_stages(int head_dim_bucket) { return head_dim_bucket <= 64 ? 4 : 3; }
+// behind the consumers' work on the tiles before it; three where four would not let two blocks
+// share an SM (bucket 32: 2 x 114 KB) or at bucket 128.
+constexpr int fwd_stages(int head_dim_bucket, int consumer_count) {
+  return head_dim_bucket > 64 || (head_dim_bucket == 32 && fwd_blocks_per_sm(head_dim_bucket, consumer_count) == 2) ? 3
+                                                                                                                      : 4;
+}
 
 // The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): two
 // buffers of a Q tile per consumer; the stages of K, V, a tile-bias box per consumer and 64 key
 // biases; their mbarriers and Q's four; 1 KB to align the base to 1024 bytes.
 constexpr size_t fwd_smem_bytes(int head_dim_bucket, int consumer_count) {
   const size_t seq_tile = size_t{64} * head_dim_bucket * 2;
-  const size_t stages = fwd_stages(head_dim_bucket), consumers = consumer_count;
+  const size_t stages = fwd_stages(head_dim_bucket, consumer_count), consumers = consumer_count;
   return 2 * consumers * seq_tile + stages * (2 * seq_tile + consumers * 64 * 64 * 2 + 64 * 4) +
          (4 + 2 * stages) * 8 + 1024;
 }

@@ -6,7 +6,8 @@
 // rescale as the portable kernels (online_softmax_lazy, FlashAttention-4's rescale skipping),
 // split in two so the rescale of O can wait for the P V product still running on it: update()
 // moves the reference maxima and rescales the row sums; rescale() applies the same factors to O
-// afterwards. The forward at four consumers, after a row's first tile, takes try_exponentiate()
+// afterwards. The forward at four consumers (or two blocks of two an SM), after a row's first
+// tile, takes try_exponentiate()
 // instead: no maxima where the P it computes against the reference as it stands stay small (the
 // common case).
 #pragma once

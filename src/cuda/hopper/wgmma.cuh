@@ -50,11 +50,12 @@ __device__ __forceinline__ void fence_registers(float (&d)[kN]) {
 }
 
 // The registers a consumer thread may claim in a block of `consumers` consumer warpgroups and one
-// producer warpgroup that keeps `producer` a thread: setmaxnreg moves registers within the
-// block's allocation (65536 / threads a thread, in steps of 8), so the producer's 128 x producer
-// and the consumers' must fit it (a consumer that asks for more waits forever).
-constexpr int consumer_registers(int consumers, int producer) {
-  const int threads = 128 * (consumers + 1), launch = (65536 / threads) / 8 * 8;
+// producer warpgroup that keeps `producer` a thread, `blocks` such blocks an SM: setmaxnreg moves
+// registers within the block's allocation (65536 / (blocks threads) a thread, in steps of 8), so
+// the producer's 128 x producer and the consumers' must fit it (a consumer that asks for more
+// waits forever).
+constexpr int consumer_registers(int consumers, int producer, int blocks = 1) {
+  const int threads = 128 * (consumers + 1), launch = (65536 / (blocks * threads)) / 8 * 8;
   return ((launch * threads - 128 * producer) / (128 * consumers)) / 8 * 8;
 }
 
