@@ -447,6 +447,7 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   using cuda::hopper::fwd_consumers_for;
   EXPECT_EQ(fwd_consumers_for(32, 768), 4);  // 3 blocks of 256 rows, as many as 4 of 192 or 6 of 128
   EXPECT_EQ(fwd_consumers_for(32, 384), 2);  // 512 rows with four; two blocks of two an SM, not three
+  EXPECT_EQ(fwd_consumers_for(32, 300), 2);  // 384 rows with two or three
   EXPECT_EQ(fwd_consumers_for(32, 192), 3);  // 256 rows with two or four
   EXPECT_EQ(fwd_consumers_for(32, 576), 3);  // 640 rows with two
   EXPECT_EQ(fwd_consumers_for(32, 512), 4);
