@@ -73,9 +73,9 @@ struct PairBiasLayout {
   static_assert(kSeq % 1024 == 0 && kStageBytes % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms stay aligned");
 };
 
-// acc += P (dP - Delta) of one thread's 8 kGroups scores of 16-key groups [kFirst, kFirst +
-// kGroups) of a 64-key half (queries g, g + 8 of its warp's rows; keys 16 kFirst + 8j + 2t, + 1),
-// x the score in the log2 domain. kFactored: P (dP - Delta) =
+// acc += P (dP - Delta) of one thread's 16 scores of the 32 keys from 16 kFirst of a 64-key half
+// (queries g, g + 8 of its warp's rows; keys 16 kFirst + 8j + 2t, + 1), x the score in the log2
+// domain. kFactored: P (dP - Delta) =
 // 2^x (c dP + d), c = 2^-m, d = -Delta c per row (one FFMA where x - m and dP - Delta took two
 // FADDs), for warps whose rows all have -32 <= m <= 64 and no log-sum: 2^x <= 2^m does not
 // overflow, c <= 2^32 leaves c dP finite up to |dP| of 2^96, and the terms 2^x flushes (x < -126)
@@ -84,14 +84,13 @@ struct PairBiasLayout {
 // 16 keys 16jj.. are read as they are used (register x4 m: row g + 8 (m & 1), keys
 // 16jj + 8 (m >> 1) + 2t, + 1); key: the half's key biases x log2 e; row_max, log_sum, delta, and
 // the factored form's c, d: the thread's two rows' (computed once a unit by the caller).
-template <typename Element, bool kFactored, int kFirst = 0, int kGroups = 4>
-__device__ __forceinline__ void pair_bias_sums(float (&acc)[8 * kGroups], const float (&s)[8 * kGroups],
-                                               const float (&dp)[8 * kGroups],
+template <typename Element, bool kFactored, int kFirst>
+__device__ __forceinline__ void pair_bias_sums(float (&acc)[16], const float (&s)[16], const float (&dp)[16],
                                                uint32_t bias_row, int m, int lane, const float* key,
                                                const float (&row_max)[2], const float (&log_sum)[2],
                                                const float (&delta)[2], const float (&c)[2], const float (&d)[2],
                                                float scale_log2, int t) {
-  for (int jj = 0; jj < kGroups; ++jj) {
+  for (int jj = 0; jj < 2; ++jj) {
     uint32_t bias[4];
     ldmatrix_x4(bias, bias_row + (((2 * (kFirst + jj) + (m >> 1)) ^ (lane % 8)) * 16));
     for (int j = 2 * jj; j < 2 * jj + 2; ++j) {
@@ -174,8 +173,8 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
         const int t = u / split.n, end = (t + 1) * split.n < u1 ? (t + 1) * split.n : u1;
         int b, h, qb, kb;
         coords(t, b, h, qb, kb);
-        // Two buffers: the consumers release a tile's after its last unit, whose second half
-        // waits for the next tile's first unit to land (one buffer would deadlock there).
+        // Two buffers: the consumers release a tile's after its last unit has issued the next
+        // unit's first step, which waits for that unit to land (one buffer would deadlock there).
         const int buf = tiles & 1;
         if (tiles >= 2) mbarrier_wait_suspend(&bias_empty[buf], ((tiles >> 1) - 1) & 1);
         if (lane == 0) {
@@ -265,19 +264,18 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
   const int m = lane / 8;
   const uint32_t bias_row = smem_addr(smem + L::kBias) + qh * 2 * 8192 + (16 * w + 8 * (m & 1) + lane % 8) * 128;
 
-  // The mainloop of unit `it`'s 32 keys from 32 `sub` of key half `half`: S = Q K^T, dP = dO V^T
-  // into s, dp (kN = 32). The first issue of a unit waits for its stage.
-  auto issue = [&](int it, auto& s, auto& dp, int half, int sub, bool first) {
-    constexpr int kN = 2 * static_cast<int>(sizeof(s) / sizeof(float));
+  // The mainloop of unit `it`'s 32 keys from 32 `sub` of the consumer's key half: S = Q K^T,
+  // dP = dO V^T into s, dp. The first issue of a unit waits for its stage.
+  auto issue = [&](int it, float(&s)[16], float(&dp)[16], int sub, bool first) {
     const int st = it % kS;
     if (first) mbarrier_wait(&full[st], (it / kS) & 1);
-    const uint32_t off = st * (L::kStageBytes >> 4) + ((half * L::kBoxBytes + sub * 32 * L::kRowBytes) >> 4);
+    const uint32_t off = st * (L::kStageBytes >> 4) + ((kh * L::kBoxBytes + sub * 32 * L::kRowBytes) >> 4);
     wgmma_fence();
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      wgmma_ss<Element, kN>(s, q_desc + st * (L::kStageBytes >> 4) + 2 * kk, k_desc + off + 2 * kk, kk);
+      wgmma_ss<Element, 32>(s, q_desc + st * (L::kStageBytes >> 4) + 2 * kk, k_desc + off + 2 * kk, kk);
     }
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      wgmma_ss<Element, kN>(dp, do_desc + st * (L::kStageBytes >> 4) + 2 * kk, v_desc + off + 2 * kk, kk);
+      wgmma_ss<Element, 32>(dp, do_desc + st * (L::kStageBytes >> 4) + 2 * kk, v_desc + off + 2 * kk, kk);
     }
     wgmma_commit();
   };
@@ -307,27 +305,26 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
     }
     return rs;
   };
-  // acc += P (dP - Delta) of one key half of unit stage st (the tile's pair bias in buffer buf),
-  // or with kGroups = 2 of its 32 keys from 16 kFirst.
-  auto sums = [&](auto first, auto groups, float(&acc)[8 * decltype(groups)::value],
-                  const float(&s)[8 * decltype(groups)::value], const float(&dp)[8 * decltype(groups)::value],
-                  const RowStats& rs, int st, int half, int buf) {
-    constexpr int kFirst = decltype(first)::value, kGroups = decltype(groups)::value;
-    const uint32_t row = bias_row + buf * L::kBiasBytes + half * 8192;
-    const float* key = reinterpret_cast<const float*>(smem + L::kKeyBias) + st * 128 + 64 * half;
+  // acc += P (dP - Delta) of unit stage st's 32 keys from 16 kFirst of the consumer's key half
+  // (the tile's pair bias in buffer buf).
+  auto sums = [&](auto first, float(&acc)[16], const float(&s)[16], const float(&dp)[16], const RowStats& rs, int st,
+                  int buf) {
+    constexpr int kFirst = decltype(first)::value;
+    const uint32_t row = bias_row + buf * L::kBiasBytes + kh * 8192;
+    const float* key = reinterpret_cast<const float*>(smem + L::kKeyBias) + st * 128 + 64 * kh;
     if (rs.general) {
-      pair_bias_sums<Element, false, kFirst, kGroups>(acc, s, dp, row, m, lane, key, rs.row_max, rs.log_sum, rs.delta,
-                                                      rs.c, rs.d, p.scale_log2, t);
+      pair_bias_sums<Element, false, kFirst>(acc, s, dp, row, m, lane, key, rs.row_max, rs.log_sum, rs.delta, rs.c, rs.d,
+                                             p.scale_log2, t);
     } else {
-      pair_bias_sums<Element, true, kFirst, kGroups>(acc, s, dp, row, m, lane, key, rs.row_max, rs.log_sum, rs.delta,
-                                                     rs.c, rs.d, p.scale_log2, t);
+      pair_bias_sums<Element, true, kFirst>(acc, s, dp, row, m, lane, key, rs.row_max, rs.log_sum, rs.delta, rs.c, rs.d,
+                                            p.scale_log2, t);
     }
   };
 
-  // epilogue: a tile's sums of one 64 x 64 quarter (query half qh, key half `half`), to the
-  // gradient where this block holds all of the tile's units, else to this worker's piece.
+  // epilogue: a tile's sums of the consumer's 64 x 64 quarter (query half qh, key half kh), to
+  // the gradient where this block holds all of the tile's units, else to this worker's piece.
   const int row0 = 64 * qh + 16 * w + g;  // the thread's rows row0, row0 + 8 of the tile
-  auto store_sums = [&](int tile, const float(&acc)[32], int half) {
+  auto store_sums = [&](int tile, const float(&acc)[32]) {
     if (tile * split.n >= u0 && (tile + 1) * split.n <= u1) {
       int b, h, qb, kb;
       coords(tile, b, h, qb, kb);
@@ -336,14 +333,14 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
       for (int j = 0; j < 8; ++j)
         for (int e = 0; e < 4; ++e) {
           const int64_t q = int64_t{qb} * 128 + row0 + 8 * (e / 2);
-          const int64_t k = int64_t{kb} * 128 + 64 * half + 8 * j + 2 * t + e % 2;
+          const int64_t k = int64_t{kb} * 128 + 64 * kh + 8 * j + 2 * t + e % 2;
           if (q < p.Lq && k < p.Lk) store_any(gp.ptr, gp.dtype, base + q * gp.stride.q + k * gp.stride.k, acc[4 * j + e]);
         }
     } else {
       float* piece = task.partials + split.piece_slot(blockIdx.x, tile) * (128 * 128) + row0 * 128 + 2 * t;
       for (int j = 0; j < 8; ++j)
         for (int r = 0; r < 2; ++r) {
-          *reinterpret_cast<float2*>(piece + 8 * r * 128 + 64 * half + 8 * j) =
+          *reinterpret_cast<float2*>(piece + 8 * r * 128 + 64 * kh + 8 * j) =
               make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
         }
     }
@@ -355,11 +352,10 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
   // unit issues its own first step again (results unused): one loop body, whose accumulators
   // ptxas keeps in place. Every iteration drains its groups: with groups in flight across the back
   // edge, a peeled last unit or an epilogue beside them, ptxas serialized every wgmma (C7514).
-  using Two = std::integral_constant<int, 2>;
   float s[16], dp[16], acc[32];
   for (int i = 0; i < 16; ++i) s[i] = dp[i] = 0.0f;
   auto acc_part = [&](int part) -> float(&)[16] { return *reinterpret_cast<float(*)[16]>(acc + 16 * part); };
-  issue(0, s, dp, kh, 0, true);
+  issue(0, s, dp, 0, true);
   for (int it = 0, k = u0 % split.n; it < count; ++it) {  // k: unit u's place in its tile
     const int u = u0 + it, st = it % kS, next = it + 1 < count ? it + 1 : it;
     wgmma_wait<0>();
@@ -370,22 +366,22 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
       for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
     }
     const RowStats rs = row_stats(st);  // once for the unit's two steps
-    sums(std::integral_constant<int, 0>{}, Two{}, acc_part(0), s, dp, rs, st, kh, tiles & 1);
-    issue(it, s, dp, kh, 1, false);
+    sums(std::integral_constant<int, 0>{}, acc_part(0), s, dp, rs, st, tiles & 1);
+    issue(it, s, dp, 1, false);
     wgmma_wait<0>();
     fence_registers(s);
     fence_registers(dp);
-    sums(Two{}, Two{}, acc_part(1), s, dp, rs, st, kh, tiles & 1);
+    sums(std::integral_constant<int, 2>{}, acc_part(1), s, dp, rs, st, tiles & 1);
     fence_proxy_async();
     mbarrier_arrive(&empty[st]);
-    issue(next, s, dp, kh, 0, true);
+    issue(next, s, dp, 0, true);
     const bool tile_ends = k + 1 == split.n;
     k = tile_ends ? 0 : k + 1;
     if (it + 1 < count && !tile_ends) continue;
     fence_proxy_async();
     mbarrier_arrive(&bias_empty[tiles & 1]);
     ++tiles;
-    store_sums(u / split.n, acc, kh);
+    store_sums(u / split.n, acc);
   }
   wgmma_wait<0>();
 }
