@@ -148,12 +148,13 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
   });
 }
 
-// The Hopper family's forward (hopper/fwd_kernel.cuh), where hopper::fwd_usable takes the call.
+// The Hopper family's forward (hopper/fwd_kernel.cuh), where hopper::fwd_usable takes the call
+// with `consumers`.
 template <typename Element>
-cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, int consumers, cudaStream_t stream) {
 #if defined(EVOATTN_WITH_HOPPER)
   cuda::hopper::FwdPlan hopper_plan;
-  if (cudaError_t e = cuda::hopper::make_fwd_plan(p, plan, &hopper_plan)) return e;
+  if (cudaError_t e = cuda::hopper::make_fwd_plan(p, plan, consumers, &hopper_plan)) return e;
   return with_head_dim(p.D, [&](auto hd) {
     constexpr int kHeadDim = decltype(hd)::value;
     if constexpr (cuda::variants::hopper_fwd_consumers(kHeadDim, 4)) {
@@ -167,6 +168,7 @@ cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, cudaStream_t 
 #else
   (void)p;
   (void)plan;
+  (void)consumers;
   (void)stream;
   return cudaErrorNotSupported;
 #endif
@@ -175,7 +177,7 @@ cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, cudaStream_t 
 template <typename Element>
 cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
-  if (cuda::hopper::fwd_usable(p, plan)) return fwd_hopper<Element>(p, plan, stream);
+  if (const int consumers = cuda::hopper::fwd_usable(p, plan)) return fwd_hopper<Element>(p, plan, consumers, stream);
   size_t smem = 0;
   if (cudaError_t e = cuda::smem_per_block_limit(p.device, &smem)) return e;
   cuda::set_fwd_groups(plan, p, cuda::fwd_groups_for(head_dim_bucket(p.D), smem));

@@ -4,27 +4,41 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <utility>
+#include <tuple>
 
 namespace evoattn::cuda {
 namespace {
 
-// Whether the image of `kernel` on `device` came from compute_90 or later PTX, asked once.
+std::mutex facts_mutex;
+std::map<std::tuple<int, const void*, KernelFact>, int> facts;
+
+// Whether the image of `kernel` on `device` came from compute_90 or later PTX.
 bool image_has_griddepcontrol(int device, const void* kernel) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, const void*>, bool> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(device, kernel);
-  if (const auto it = known.find(key); it != known.end()) return it->second;
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();  // the launch reports the kernel's own error
-    return false;
-  }
-  return known[key] = attributes.ptxVersion >= 90;
+  int ptx90 = 0;
+  const cudaError_t e = once_per_device_kernel(device, kernel, KernelFact::kPtx90, &ptx90, [&](int* value) {
+    cudaFuncAttributes attributes{};
+    const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+    *value = attributes.ptxVersion >= 90;
+    return err;
+  });
+  if (e != cudaSuccess) (void)cudaGetLastError();  // the launch reports the kernel's own error
+  return e == cudaSuccess && ptx90 != 0;
 }
 
 }  // namespace
+
+bool recall_kernel_fact(int device, const void* kernel, KernelFact fact, int* value) {
+  const std::lock_guard<std::mutex> lock(facts_mutex);
+  const auto it = facts.find({device, kernel, fact});
+  if (it == facts.end()) return false;
+  *value = it->second;
+  return true;
+}
+
+void remember_kernel_fact(int device, const void* kernel, KernelFact fact, int value) {
+  const std::lock_guard<std::mutex> lock(facts_mutex);
+  facts[{device, kernel, fact}] = value;
+}
 
 bool env_switch_on(const char* name) {
   const char* value = std::getenv(name);

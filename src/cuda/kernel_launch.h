@@ -13,6 +13,22 @@
 
 namespace evoattn::cuda {
 
+// Facts about a kernel's image on a device that do not change within a process, each asked of
+// the runtime once a (device, kernel) and remembered (once_per_device_kernel).
+enum class KernelFact { kPtx90, kBlocksPerSm };
+bool recall_kernel_fact(int device, const void* kernel, KernelFact fact, int* value);
+void remember_kernel_fact(int device, const void* kernel, KernelFact fact, int value);
+
+// `fact` of `kernel` on `device`: remembered, else what `ask` (cudaError_t(int*)) gives, then
+// remembered. An error is returned, not remembered.
+template <typename Ask>
+cudaError_t once_per_device_kernel(int device, const void* kernel, KernelFact fact, int* value, Ask&& ask) {
+  if (recall_kernel_fact(device, kernel, fact, value)) return cudaSuccess;
+  if (cudaError_t e = ask(value)) return e;
+  remember_kernel_fact(device, kernel, fact, *value);
+  return cudaSuccess;
+}
+
 // Whether the environment variable `name` (an A/B switch such as EVOATTN_DISABLE_PDL) is set to
 // anything but "" or "0". Read at every call.
 bool env_switch_on(const char* name);

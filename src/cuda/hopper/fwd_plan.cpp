@@ -45,37 +45,37 @@ int fwd_consumers(int head_dim_bucket, int64_t Lq) {
   return fwd_consumers_for(head_dim_bucket, Lq);
 }
 
-bool fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
+int fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
 #if !defined(EVOATTN_WITH_HOPPER)
   (void)p;
   (void)plan;
-  return false;
+  return 0;
 #else
   const Family family = requested_family();
-  if (family == Family::kPortable || p.D > kMaxHeadDim || !(p.scale >= kFwdMinScale)) return false;
+  if (family == Family::kPortable || p.D > kMaxHeadDim || !(p.scale >= kFwdMinScale)) return 0;
   const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers(bucket, p.Lq);
   const int64_t items = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
   // FwdItemWalk adds two digits below their radix in int32: B, N and H below 2^30 (the q-block
   // count is far below it: 2^30 q-blocks would be 2^37 rows of Q).
   constexpr int64_t kDigitLimit = int64_t{1} << 30;
-  if (items >= (int64_t{1} << 31) || p.B >= kDigitLimit || p.N >= kDigitLimit || p.H >= kDigitLimit) return false;
+  if (items >= (int64_t{1} << 31) || p.B >= kDigitLimit || p.N >= kDigitLimit || p.H >= kDigitLimit) return 0;
   // A block's ring counter (uint32) counts every key tile of its items: it must not wrap.
-  if (items * ((p.Lk + 63) / 64) >= (int64_t{1} << 32)) return false;
+  if (items * ((p.Lk + 63) / 64) >= (int64_t{1} << 32)) return 0;
   const int sms = hopper_sms(p.device);
-  if (sms == 0) return false;
-  if (family == Family::kAuto && !fwd_auto_prefers_hopper(items, sms)) return false;
-  if (!tile_takes_tma(p, plan)) return false;
-  if (p.o_stride.d != 1) return false;
+  if (sms == 0) return 0;
+  if (family == Family::kAuto && !fwd_auto_prefers_hopper(items, sms)) return 0;
+  if (!tile_takes_tma(p, plan)) return 0;
+  if (p.o_stride.d != 1) return 0;
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) ||
       !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
-    return false;
+    return 0;
   }
   size_t allowed = 0;
-  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket, consumers) <= allowed;
+  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket, consumers) <= allowed ? consumers : 0;
 #endif
 }
 
-cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* out) {
+cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, int consumers, FwdPlan* out) {
   *out = FwdPlan{};
   const int bucket = head_dim_bucket(p.D), chunk = bucket < 64 ? bucket : 64;
   if (cudaError_t e = encode_tma_map(&out->q, seq_tensor_shape(p, p.q_stride, p.Lq), p.q, chunk, 64, chunk * 2)) return e;
@@ -89,7 +89,7 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* o
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;
   }
-  out->consumers = fwd_consumers(bucket, p.Lq);
+  out->consumers = consumers;
   out->q_blocks = static_cast<int32_t>((p.Lq + 64 * out->consumers - 1) / (64 * out->consumers));
   out->k_tiles = static_cast<int32_t>((p.Lk + 63) / 64);
   out->key_slots = plan.key_slots;

@@ -47,7 +47,7 @@ struct FwdPlan {
   // 64 columns; the tile bias as [B, N, H, Lq, Lk] ({key, query, h, n, b}) in boxes of 64 x 64,
   // size 1 along the dimensions it broadcasts on.
   CUtensorMap q, k, v, tile;
-  int32_t consumers;   // fwd_consumers: 2 to 4
+  int32_t consumers;   // fwd_usable's count: 2 to 4
   int32_t q_blocks;    // ceil(Lq / (64 consumers))
   int32_t k_tiles;     // ceil(Lk / 64)
   uint32_t key_slots;  // LaunchPlan::key_slots
@@ -78,12 +78,13 @@ Family requested_family();
 // 32 at Lq = 128: 0.78x; 16 at Lq = 128: 0.96x).
 constexpr bool fwd_auto_prefers_hopper(int64_t items, int sms) { return items >= int64_t{4} * sms; }
 
-// Whether the Hopper forward takes this float16 / bfloat16 call: the library was built with the
+// The consumer count (fwd_consumers) the Hopper forward runs this float16 / bfloat16 call with,
+// or 0 where it does not take it. It takes it where the library was built with the
 // Hopper family, the current device has compute capability 9.x, the family asked for is hopper
 // (or auto, where fwd_auto_prefers_hopper), Q, K, V and the tile bias (if any: at most one, the
 // fast tile) are laid out as TMA takes them, O has unit stride along D, the scale is at least
 // kFwdMinScale, and the grid fits (items below 2^31; B, N and H below 2^30; items times key tiles below 2^32).
-bool fwd_usable(const FwdParams& p, const LaunchPlan& plan);
+int fwd_usable(const FwdParams& p, const LaunchPlan& plan);
 
 // The SM count of `device` where it is a GPU of compute capability 9.x and the driver encodes
 // tensor maps (the Hopper kernels can run), else 0.
@@ -100,8 +101,8 @@ TensorShape tile_tensor_shape(const FwdParams& p, const BiasParams& t);
 // the bucket has an instantiation of (an experiment's switch: A/B timings of the choice).
 int fwd_consumers(int head_dim_bucket, int64_t Lq);
 
-// The plan of such a call (its tensor maps encoded here).
-cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdPlan* out);
+// The plan of such a call with the consumer count fwd_usable gave (its tensor maps encoded here).
+cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, int consumers, FwdPlan* out);
 
 // Stages of the key-tile ring: deep enough that a copy's latency (about a microsecond) hides
 // behind the consumers' work on the tiles before it; three where four would not let two blocks
