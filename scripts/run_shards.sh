@@ -54,7 +54,8 @@ run_shards() {
   [ -z "$failed" ] || { echo "$failed"; status=1; }
 }
 # The test binary under compute-sanitizer's TOOL in SANITIZE_SHARDS (default 4) processes at once
-# on the one GPU (racecheck of gpu_check.sh's Hopper grid, 73 cases: 139 s in four on an H200),
+# on the one GPU (racecheck of gpu_check.sh's Hopper grid, then 73 cases: 139 s in four on an H200;
+# the pair-bias family test, then one case, did not finish in a shard's 200 s under racecheck: perf/log.md v70),
 # into $OUT/NAME.log; prints the tests run and each shard's summary, and sets status=1 on any report
 # or failure.   usage: sanitize_shards NAME FAMILY TOOL GTEST_FILTER   (needs BUILD and OUT)
 sanitize_shards() {

@@ -63,6 +63,29 @@ class HopperBackwardRunningDq : public ::testing::TestWithParam<DqPoolCase> {};
 INSTANTIATE_TEST_SUITE_P(KernelFamily, HopperBackwardRunningDq, ::testing::ValuesIn(kDqPoolCases),
                          [](const ::testing::TestParamInfo<DqPoolCase>& info) { return dq_pool_case_name(info.param); });
 
+// The cases of the pair-bias family test (HopperPairBiasGradient.AgreesWithThePortableOneOverItsSplits),
+// B N L H D (Lq = Lk = L), with mask and pair bias.
+struct PairBiasCase {
+  int64_t B, N, L, H, D;
+  bool extreme_rows;
+};
+constexpr PairBiasCase kPairBiasCases[] = {
+    {1, 3, 264, 32, 32, false}, {2, 2, 264, 40, 16, false},  {1, 1000, 136, 2, 24, false},
+    {1, 2, 520, 16, 8, false},  {1, 4, 264, 32, 32, true},   {4, 64, 256, 4, 16, false},
+    {1, 3, 264, 32, 64, false}, {1, 128, 256, 8, 48, false}, {1, 4, 264, 32, 64, true}};
+
+std::string pair_bias_case_name(const PairBiasCase& c) {
+  return "B" + std::to_string(c.B) + "_N" + std::to_string(c.N) + "_L" + std::to_string(c.L) + "_H" +
+         std::to_string(c.H) + "_D" + std::to_string(c.D) + (c.extreme_rows ? "_extreme_rows" : "");
+}
+void PrintTo(const PairBiasCase& c, std::ostream* os) { *os << pair_bias_case_name(c); }
+
+// One test a case (KernelFamily/HopperPairBiasGradient.AgreesWithThePortableOneOverItsSplits/
+// B1_N3_L264_H32_D32, ...), so that a sanitizer's shards share them.
+class HopperPairBiasGradient : public ::testing::TestWithParam<PairBiasCase> {};
+INSTANTIATE_TEST_SUITE_P(KernelFamily, HopperPairBiasGradient, ::testing::ValuesIn(kPairBiasCases),
+                         [](const ::testing::TestParamInfo<PairBiasCase>& info) { return pair_bias_case_name(info.param); });
+
 #if defined(EVOATTN_WITH_CUDA) && defined(EVOATTN_WITH_HOPPER)
 
 using util::Tensor;
@@ -327,16 +350,6 @@ TEST_P(HopperBackwardRunningDq, InTheWorkspace) {
   }
 }
 
-// The cases of the pair-bias family test below, B N L H D (Lq = Lk = L), with mask and pair bias.
-struct PairBiasCase {
-  int64_t B, N, L, H, D;
-  bool extreme_rows;
-};
-constexpr PairBiasCase kPairBiasCases[] = {
-    {1, 3, 264, 32, 32, false}, {2, 2, 264, 40, 16, false},  {1, 1000, 136, 2, 24, false},
-    {1, 2, 520, 16, 8, false},  {1, 4, 264, 32, 32, true},   {4, 64, 256, 4, 16, false},
-    {1, 3, 264, 32, 64, false}, {1, 128, 256, 8, 48, false}, {1, 4, 264, 32, 64, true}};
-
 // Bytes of pieces the Hopper pair-bias kernel may take under the switch, for the pair bias's
 // gradient of pair_biased_bf16_params's call with a mask bias [B, N, 1, 1, L] too
 // (hopper::pair_bias_partial_bytes: 0 where it cannot run).
@@ -362,43 +375,40 @@ size_t hopper_pair_bias_piece_bytes(int64_t B, int64_t N, int64_t L, int64_t H, 
 // and bit for bit the same on a second run. (Shapes whose workspace holds the pieces of 66
 // workers or more: the kernel runs only there; HopperPlan.PairBiasFamilyCasesLeaveTheKernelRoom
 // checks it on the host.)
-TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) {
+TEST_P(HopperPairBiasGradient, AgreesWithThePortableOneOverItsSplits) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
-  std::mt19937_64 rng(137);
-  for (const PairBiasCase& c : kPairBiasCases) {
-    SCOPED_TRACE("B" + std::to_string(c.B) + " N" + std::to_string(c.N) + " L" + std::to_string(c.L) + " H" +
-                 std::to_string(c.H) + " D" + std::to_string(c.D) + (c.extreme_rows ? " extreme rows" : ""));
-    Inputs in(rng, c.B, c.N, c.L, c.H, c.D);
-    if (c.extreme_rows) {
-      std::vector<double> pb = util::to_doubles(in.pb.to(EVOATTN_DEVICE_CPU).view);  // [B, 1, H, L, L]
-      for (size_t e = 0; e < pb.size(); ++e) {
-        const int64_t i = static_cast<int64_t>(e / c.L) % c.L;
-        if (i >= 64 && i < 80) pb[e] += 120.0;
-      }
-      std::vector<double> mb = util::to_doubles(in.mb.to(EVOATTN_DEVICE_CPU).view);  // [B, N, 1, 1, L]
-      for (int64_t k = 0; k < c.L; ++k) mb[static_cast<size_t>(c.L + k)] = -1e9;  // b = 0, n = 1
-      Tensor pb_host = in.pb.to(EVOATTN_DEVICE_CPU), mb_host = in.mb.to(EVOATTN_DEVICE_CPU);
-      util::from_doubles(pb_host.view, pb);
-      util::from_doubles(mb_host.view, mb);
-      in.pb = pb_host.to(EVOATTN_DEVICE_CUDA);
-      in.mb = mb_host.to(EVOATTN_DEVICE_CUDA);
+  const PairBiasCase& c = GetParam();
+  std::mt19937_64 rng(137 + c.B + c.N + c.L + c.H + c.D + c.extreme_rows);
+  Inputs in(rng, c.B, c.N, c.L, c.H, c.D);
+  if (c.extreme_rows) {
+    std::vector<double> pb = util::to_doubles(in.pb.to(EVOATTN_DEVICE_CPU).view);  // [B, 1, H, L, L]
+    for (size_t e = 0; e < pb.size(); ++e) {
+      const int64_t i = static_cast<int64_t>(e / c.L) % c.L;
+      if (i >= 64 && i < 80) pb[e] += 120.0;
     }
-    const Tensor d_o = random_bf16(rng, {c.B, c.N, c.L, c.H, c.D}, -1, 1);
-    in.forward("portable");
-    const auto hopper = backward("hopper", d_o, in);
-    const auto again = backward("hopper", d_o, in);
-    const auto portable = backward("portable", d_o, in);
-    const auto automatic = backward("auto", d_o, in);
-    EXPECT_NE(hopper[3], portable[3]) << "the switch did not change the pair-bias gradient";
-    EXPECT_LE(relative_gap(hopper[3], portable[3]), 2e-2);
-    EXPECT_EQ(hopper, again) << "not deterministic";
-    // Auto: one of the two, bit for bit; the portable one below 32 tiles.
-    const int64_t tiles = c.B * c.H * ((c.L + 127) / 128) * ((c.L + 127) / 128);
-    if (cuda::hopper::pair_bias_auto_prefers_hopper(tiles)) {
-      EXPECT_TRUE(automatic[3] == hopper[3] || automatic[3] == portable[3]);
-    } else {
-      EXPECT_EQ(automatic[3], portable[3]);
-    }
+    std::vector<double> mb = util::to_doubles(in.mb.to(EVOATTN_DEVICE_CPU).view);  // [B, N, 1, 1, L]
+    for (int64_t k = 0; k < c.L; ++k) mb[static_cast<size_t>(c.L + k)] = -1e9;  // b = 0, n = 1
+    Tensor pb_host = in.pb.to(EVOATTN_DEVICE_CPU), mb_host = in.mb.to(EVOATTN_DEVICE_CPU);
+    util::from_doubles(pb_host.view, pb);
+    util::from_doubles(mb_host.view, mb);
+    in.pb = pb_host.to(EVOATTN_DEVICE_CUDA);
+    in.mb = mb_host.to(EVOATTN_DEVICE_CUDA);
+  }
+  const Tensor d_o = random_bf16(rng, {c.B, c.N, c.L, c.H, c.D}, -1, 1);
+  in.forward("portable");
+  const auto hopper = backward("hopper", d_o, in);
+  const auto again = backward("hopper", d_o, in);
+  const auto portable = backward("portable", d_o, in);
+  const auto automatic = backward("auto", d_o, in);
+  EXPECT_NE(hopper[3], portable[3]) << "the switch did not change the pair-bias gradient";
+  EXPECT_LE(relative_gap(hopper[3], portable[3]), 2e-2);
+  EXPECT_EQ(hopper, again) << "not deterministic";
+  // Auto: one of the two, bit for bit; the portable one below 32 tiles.
+  const int64_t tiles = c.B * c.H * ((c.L + 127) / 128) * ((c.L + 127) / 128);
+  if (cuda::hopper::pair_bias_auto_prefers_hopper(tiles)) {
+    EXPECT_TRUE(automatic[3] == hopper[3] || automatic[3] == portable[3]);
+  } else {
+    EXPECT_EQ(automatic[3], portable[3]);
   }
 }
 
@@ -418,7 +428,7 @@ TEST(HopperPlan, PairBiasFamilyCasesLeaveTheKernelRoom) {
 TEST(HopperPlan, PairBiasFamilyCasesLeaveTheKernelRoom) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
-TEST(KernelFamily, HopperPairBiasGradientAgreesWithThePortableOneOverItsSplits) {
+TEST_P(HopperPairBiasGradient, AgreesWithThePortableOneOverItsSplits) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
 TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFaster) {
