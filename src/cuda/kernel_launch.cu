@@ -9,8 +9,16 @@
 namespace evoattn::cuda {
 namespace {
 
-std::mutex facts_mutex;
-std::map<std::tuple<int, const void*, KernelFact>, int> facts;
+// The remembered facts (function-local: safe to use from other translation units' static
+// initializers).
+struct KernelFacts {
+  std::mutex mutex;
+  std::map<std::tuple<int, const void*, KernelFact>, int> known;
+};
+KernelFacts& kernel_facts() {
+  static KernelFacts facts;
+  return facts;
+}
 
 // Whether the image of `kernel` on `device` came from compute_90 or later PTX.
 bool image_has_griddepcontrol(int device, const void* kernel) {
@@ -28,16 +36,18 @@ bool image_has_griddepcontrol(int device, const void* kernel) {
 }  // namespace
 
 bool recall_kernel_fact(int device, const void* kernel, KernelFact fact, int* value) {
-  const std::lock_guard<std::mutex> lock(facts_mutex);
-  const auto it = facts.find({device, kernel, fact});
-  if (it == facts.end()) return false;
+  KernelFacts& facts = kernel_facts();
+  const std::lock_guard<std::mutex> lock(facts.mutex);
+  const auto it = facts.known.find({device, kernel, fact});
+  if (it == facts.known.end()) return false;
   *value = it->second;
   return true;
 }
 
 void remember_kernel_fact(int device, const void* kernel, KernelFact fact, int value) {
-  const std::lock_guard<std::mutex> lock(facts_mutex);
-  facts[{device, kernel, fact}] = value;
+  KernelFacts& facts = kernel_facts();
+  const std::lock_guard<std::mutex> lock(facts.mutex);
+  facts.known[{device, kernel, fact}] = value;
 }
 
 bool env_switch_on(const char* name) {
