@@ -37,6 +37,10 @@ bool tile_takes_tma(const FwdParams& p, const LaunchPlan& plan) {
   return plan.tile_fast_slot >= 0 && tma_legal(tile_tensor_shape(p, plan.tile_single), plan.tile_single.ptr);
 }
 
+namespace {
+// fwd_consumers_for, unless the environment variable EVOATTN_EXP_FWD_CONSUMERS asks for a count
+// the bucket has an instantiation of (an experiment's switch: A/B timings of the choice). Read
+// once a call, by fwd_usable.
 int fwd_consumers(int head_dim_bucket, int64_t Lq) {
   if (const char* asked = std::getenv("EVOATTN_EXP_FWD_CONSUMERS")) {
     const int c = std::atoi(asked);
@@ -44,6 +48,7 @@ int fwd_consumers(int head_dim_bucket, int64_t Lq) {
   }
   return fwd_consumers_for(head_dim_bucket, Lq);
 }
+}  // namespace
 
 int fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
 #if !defined(EVOATTN_WITH_HOPPER)

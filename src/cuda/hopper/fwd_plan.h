@@ -97,10 +97,6 @@ bool tile_takes_tma(const FwdParams& p, const LaunchPlan& plan);
 // dimensions it broadcasts on (stride 0).
 TensorShape tile_tensor_shape(const FwdParams& p, const BiasParams& t);
 
-// fwd_consumers_for, unless the environment variable EVOATTN_EXP_FWD_CONSUMERS asks for a count
-// the bucket has an instantiation of (an experiment's switch: A/B timings of the choice).
-int fwd_consumers(int head_dim_bucket, int64_t Lq);
-
 // The plan of such a call with the consumer count fwd_usable gave (its tensor maps encoded here).
 cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, int consumers, FwdPlan* out);
 
