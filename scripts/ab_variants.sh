@@ -15,7 +15,7 @@
 #     TESTS=only runs them alone (a second device call), TESTS=forward runs instead, before the
 #     suite, the family tests and the 16-bit Hopper forward, mask, layout and determinism cases
 #     (about 70 s: a forward change's first check); TESTS=backward the same with the Hopper
-#     backward cases instead. AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
+#     backward cases instead; TESTS=both with both sets (a stack of forward and backward patches). AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
 #     adds runs of a version under environment variables (an experiment's switch), tagged so.
 #     TEST_ENV="NAME=VALUE ..." (with TESTS=forward or backward) runs those cases a second time
 #     with the assignments exported.
@@ -92,13 +92,13 @@ if [ "$TESTS" != 0 ]; then
   status=0
   source scripts/run_shards.sh
 fi
-if [ "$TESTS" = forward ] || [ "$TESTS" = backward ]; then
+if [ "$TESTS" = forward ] || [ "$TESTS" = backward ] || [ "$TESTS" = both ]; then
   family_tests family
-  if [ "$TESTS" = forward ]; then
-    cases=$(hopper_cases Forward BiasesAndMasks Layouts)
-  else
-    cases=$(hopper_cases Backward)
-  fi
+  case $TESTS in
+    forward) cases=$(hopper_cases Forward BiasesAndMasks Layouts) ;;
+    backward) cases=$(hopper_cases Backward) ;;
+    both) cases=$(hopper_cases Forward Backward BiasesAndMasks Layouts) ;;
+  esac
   run_shards "${TESTS}_hopper" hopper "$cases"
   grep -qE '^\[       OK \]' "$OUT/${TESTS}_hopper.log" || status=1  # all skipped: no GPU
   if [ -n "${TEST_ENV:-}" ]; then
@@ -123,7 +123,7 @@ if [ "$TESTS" != only ]; then
       "$(file_of "$r")" | sort -k2
   done
 fi
-[ "$TESTS" = 0 ] || [ "$TESTS" = forward ] || [ "$TESTS" = backward ] && exit 0
+[ "$TESTS" = 0 ] || [ "$TESTS" = forward ] || [ "$TESTS" = backward ] || [ "$TESTS" = both ] && exit 0
 OUT=$OUT/hopper PREBUILT=build-ab/tb bash scripts/gpu_check.sh hopper | tail -2
 run_shards cuda_auto auto "$CUDA_CASES"
 exit $status
