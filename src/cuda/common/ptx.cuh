@@ -208,13 +208,14 @@ __device__ __forceinline__ void bulk_wait() {
 }
 // Four 8x8 b16 matrices from registers to shared memory (sm_90): lane l gives the row address
 // of matrix l / 8, row l % 8; r[i] holds this thread's pair of matrix i in the mma C layout.
-__device__ __forceinline__ void stmatrix_x4(void* smem, const uint32_t (&r)[4]) {
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_address, const uint32_t (&r)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(smem)),
-               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
 #endif
 }
+__device__ __forceinline__ void stmatrix_x4(void* smem, const uint32_t (&r)[4]) { stmatrix_x4(smem_addr(smem), r); }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>

@@ -296,8 +296,10 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   const int m = lane / 8;
   const uint32_t tile_off = (8 * (m >> 1) + lane % 8) * 128 + (((2 * w + (m & 1)) ^ (lane % 8)) * 16);
   const uint32_t tile_base = smem_addr(smem + L::kTile) + c * L::kTileBytes + tile_off;
-  // This thread's dS^T element pairs: key rows 64c + 16w + g (+ 8), 128-byte rows swizzled by g.
-  uint8_t* const ds_row = smem + L::kDs + (64 * c + 16 * w + g) * 128 + 4 * t;
+  // This thread's stmatrix row of a dS^T buffer: row lane % 8 of matrix m, key row 16w + 8 (m & 1)
+  // + lane % 8 of this consumer's 64, queries from 8 (m >> 1) (a k-pair kp adds 16); 128-byte rows,
+  // the 16-byte chunk XOR the row's low three bits (the 128-byte swizzle).
+  const uint32_t ds_row = smem_addr(smem + L::kDs) + (64 * c + 16 * w + 8 * (m & 1) + lane % 8) * 128;
 
   float s_acc[32], dp_acc[32], dk_acc[kHalf], dv_acc[kHalf];
   for (int i = 0; i < 32; ++i) s_acc[i] = dp_acc[i] = 0.0f;
@@ -360,16 +362,18 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
         }
       }
       // dS^T to this tile's buffer (once the dQ two tiles back has read it): dS^T element pair
-      // [kp][i] is key row g + 8 (i & 1), queries 16 kp + 8 (i >> 1) + 2t. P^T stays in registers.
+      // [kp][i] is key row g + 8 (i & 1), queries 16 kp + 8 (i >> 1) + 2t, the pair of stmatrix's
+      // matrix i. P^T stays in registers.
       const int buf = it & 1;
       if (it >= 2) mbarrier_wait(&ds_empty[buf], ((it >> 1) - 1) & 1);
-      uint8_t* const ds_buf = ds_row + buf * L::kDsBytes;
-      for (int kp = 0; kp < 4; ++kp)
+      const uint32_t ds_buf = ds_row + buf * L::kDsBytes;
+      for (int kp = 0; kp < 4; ++kp) {
         for (int i = 0; i < 4; ++i) {
           pa[kp][i] = pack2<Element>(s_acc[8 * kp + 2 * i], s_acc[8 * kp + 2 * i + 1]);
           da[kp][i] = pack2<Element>(dp_acc[8 * kp + 2 * i], dp_acc[8 * kp + 2 * i + 1]);
-          *reinterpret_cast<uint32_t*>(ds_buf + (i & 1) * 1024 + (((2 * kp + (i >> 1)) ^ g) * 16)) = da[kp][i];
         }
+        stmatrix_x4(ds_buf + (((2 * kp + (m >> 1)) ^ (lane % 8)) * 16), da[kp]);
+      }
       // The generic stores before the wgmma (async proxy) reads: the dQ of the consumer whose
       // turn it is (announced on ds_full), and this warpgroup's dK where it reads dS^T from
       // shared memory.
@@ -454,12 +458,17 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
               *reinterpret_cast<float2*>(slot_tile + r * 8 * kHeadDim + 8 * j) =
                   make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
         }
-        // The next turn's tile (step it + kC) into the staging tile, where a later key block of
-        // this item reads it. Its last write (step it + kC - q_tiles, q_tiles > kC) came before
-        // its writer's arrival at step it on the ds_full this turn waited for.
-        const int next = it + kC - it0, next_kb = next / plan.q_tiles;
+        // The next turn's tile (step it + kC: query tile qt + kC of this key block or a later one,
+        // found without a division) into the staging tile, where a later key block of this item
+        // reads it. Its last write (step it + kC - q_tiles, q_tiles > kC) came before its
+        // writer's arrival at step it on the ds_full this turn waited for.
+        int next_qt = qt + kC, next_kb = kb;
+        while (next_qt >= plan.q_tiles) {
+          next_qt -= plan.q_tiles;
+          ++next_kb;
+        }
         if (dq_slot != nullptr && next_kb > 0 && next_kb < plan.k_blocks) {
-          const float* const from = dq_slot + (next - next_kb * plan.q_tiles) * 64 * kHeadDim;
+          const float* const from = dq_slot + next_qt * 64 * kHeadDim;
           for (int r = 0; r < 2; ++r)
             for (int j = 0; j < kHalf / 4; ++j) cp_async_8(dq_pair(r, j), from + r * 8 * kHeadDim + 8 * j);
           cp_async_commit();
