@@ -15,9 +15,10 @@
 #     TESTS=only runs them alone (a second device call), TESTS=forward runs instead, before the
 #     suite, the family tests and the 16-bit Hopper forward, mask, layout and determinism cases
 #     (about 70 s: a forward change's first check); TESTS=backward the same with the Hopper
-#     backward cases instead; TESTS=both with both sets (a stack of forward and backward patches). AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
+#     backward cases instead; TESTS=both with both sets (a stack of forward and backward
+#     patches). AB_ENV="v1:NAME=VALUE[,NAME=VALUE] ..."
 #     adds runs of a version under environment variables (an experiment's switch), tagged so.
-#     TEST_ENV="NAME=VALUE ..." (with TESTS=forward or backward) runs those cases a second time
+#     TEST_ENV="NAME=VALUE ..." (with TESTS=forward, backward or both) runs those cases a second time
 #     with the assignments exported.
 #     SHAPES_FILE=FILE times FILE's shapes (a line each, as `evoattn bench` flags) instead of the suite.
 #     BENCH_FLAGS="--forward-only" (the CLIs must know the flag) skips the f+b timings (a
