@@ -6,7 +6,7 @@
 """Executable synchronization model of src/cuda/hopper/bwd_kernel.cuh (main + v74 + v75).
 
 Every role is compiled to a straight-line op list (the kernel's control flow depends only on the
-configuration).  Line numbers refer to /tmp/wt-patch/src/cuda/hopper/bwd_kernel.cuh.
+configuration).  Line numbers refer to src/cuda/hopper/bwd_kernel.cuh with v74 and v75 applied.
 
 Granularity W: W=1 models each warpgroup as one process (arrivals of 128 threads at once);
 W=4 models every warp of a warpgroup as its own process (arrivals of 32 threads, named barriers
