@@ -23,7 +23,9 @@
 //               needs their dS^T
 //     mainloop  dV += P^T dO, dK += dS^T Q              (wgmma; P^T from registers, dS^T
 //               too where they fit, bwd_dk_from_registers); then the next tile's S^T, dP^T
-//               one consumer in turn: dQ(tile) += dS K over the block's keys (wgmma, both
+//               one consumer in turn (with two consumers at bucket 32, a dQ warpgroup
+//               of its own every step, bwd_dq_group, so no consumer's step waits on a turn):
+//               dQ(tile) += dS K over the block's keys (wgmma, both
 //               operands transposed from shared memory), the running dQ of the whole (b, n, h)
 //               kept in shared memory between key blocks, or (BwdPlan::dq_pool, where it does
 //               not fit) in the block's slot of the workspace, the consumer's next turn's tile
@@ -60,10 +62,16 @@ struct BwdLayout {
   static constexpr int kKeys = 64 * kConsumers;  // keys per block
   // The consumers and a producer warpgroup, one warp of which works. The producer gives up all
   // but kProducerRegisters (56: as many as leave three consumers their 152, and its warp needs
-  // no spill), the consumers take the rest (224 for two, 152 for three).
-  static constexpr int kThreads = 128 * (kConsumers + 1);
+  // no spill), the consumers take the rest (152 for three; 224 for two at bucket 64). Two
+  // consumers at bucket 32: a warpgroup of its own takes every step's dQ (bwd_dq_group),
+  // so no consumer waits on a dQ turn; it keeps kDqRegisters, the two consumers 184.
+  static constexpr bool kDqGroup = bwd_dq_group(kHeadDim, kConsumers);
+  static constexpr int kThreads = 128 * (kConsumers + 1 + (kDqGroup ? 1 : 0));
   static constexpr int kProducerRegisters = 56;
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumers, kProducerRegisters);
+  static constexpr int kDqRegisters = 80;
+  static constexpr int kConsumerRegisters =
+      kDqGroup ? ((65536 - 128 * (kProducerRegisters + kDqRegisters)) / (128 * kConsumers)) / 8 * 8
+               : consumer_registers(kConsumers, kProducerRegisters);
   static constexpr int kRowBytes = 2 * kHeadDim;
   static constexpr int kSeqBytes = 64 * kRowBytes;  // a 64-row box
   static constexpr int kKvStageBytes = kConsumers * kSeqBytes;
@@ -180,9 +188,9 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
     }
     for (int s = 0; s < 2; ++s) {
       mbarrier_init(&kv_full[s], 1 + 32);
-      mbarrier_init(&kv_empty[s], kC * 128);
+      mbarrier_init(&kv_empty[s], (kC + (L::kDqGroup ? 1 : 0)) * 128);  // and the dQ warpgroup's
       mbarrier_init(&ds_full[s], kC * 128);
-      mbarrier_init(&ds_empty[s], 128);  // the dQ's consumer
+      mbarrier_init(&ds_empty[s], 128);  // the dQ's consumer, or the dQ warpgroup
     }
   }
   __syncthreads();
@@ -269,10 +277,9 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
     return;
   }
 
-  // ---- consumers ----
-  claim_registers<L::kConsumerRegisters>();
+  // ---- consumers and the dQ warpgroup ----
   const int items = item_count();
-  const int c = wg, w = warp % 4, g = lane / 4, t = lane % 4;
+  const int w = warp % 4, g = lane / 4, t = lane % 4;
   // Descriptors at stage 0 (a stage or a k-step adds its offset in 16-byte units), each a
   // constant offset (start address, leading byte offset) from one of two bases, so they cost
   // no registers of their own.
@@ -280,14 +287,112 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   auto at = [](int bytes, int leading_bytes) {
     return static_cast<uint64_t>(bytes >> 4) | static_cast<uint64_t>(leading_bytes >> 4) << 16;
   };
+  //   MN-major A and B of dQ += dS K: dS^T and K transposed, a k-step of 16 rows on.
+  const uint64_t ds_mn = sw128 + at(L::kDs, L::kDsBytes), k_mn = sw_seq + at(L::kK, L::kKvStageBytes);
+
+  // dQ(tile qt) += dS K over the key block's keys, of step `it` (item from it0, key block kb, its
+  // K/V stage kvs), by the warpgroup whose turn it is (a consumer every kC steps, `slot` its index,
+  // or the dQ warpgroup every step, slot 0); the running dQ in shared memory or the workspace's
+  // pool. The dS^T arrivals also order this tile's running-dQ accesses after the previous key
+  // block's (another consumer's, before its arrival; the dQ warpgroup's own).
+  auto dq_step = [&](int it, int kb, int qt, int kvs, int slot, int turn_stride) {
+    const int buf = it & 1;
+    const uint32_t kv_off = kvs * (L::kKvStageBytes >> 4);
+    const bool last_kb = kb + 1 == plan.k_blocks;
+    // This thread's running-dQ pair of row g + 8r, columns 8j + 2t (chunks swizzled by the
+    // row): of the tile in shared memory, or of this turn's staging tile.
+    // The running dQ in the workspace (from the kernel's parameters, so that no register
+    // holds it across the step): this block's slot, this thread's pairs in a tile (rows
+    // 16w + g (+ 8), columns 8j + 2t; no swizzle).
+    float* const dq_slot = !kDqPool || plan.dq_pool == nullptr ? nullptr
+                                                   : plan.dq_pool + (size_t{blockIdx.x} * plan.q_tiles * 64 +
+                                                                     16 * w + g) * kHeadDim + 2 * t;
+    float* const dq_row = dq_smem + ((dq_slot != nullptr ? slot : qt) * 64 + 16 * w + g) * kHeadDim + 2 * t;
+    auto dq_pair = [&](int r, int j) {
+      return reinterpret_cast<float2*>(dq_row + r * 8 * kHeadDim + ((j ^ dq_chunk_swizzle<kHeadDim>(g)) * 8));
+    };
+    mbarrier_wait(&ds_full[buf], (it >> 1) & 1);
+    if (dq_slot != nullptr && kb > 0) cp_async_wait<0>();  // the staging tile, copied ahead
+    float dq_acc[kHalf];
+    for (int r = 0; r < 2; ++r)
+      for (int j = 0; j < kHalf / 4; ++j) {
+        float2 v = make_float2(0.0f, 0.0f);
+        if (kb > 0) v = *dq_pair(r, j);
+        dq_acc[4 * j + 2 * r] = v.x;
+        dq_acc[4 * j + 2 * r + 1] = v.y;
+      }
+    wgmma_fence();
+    for (int kk = 0; kk < L::kKeys / 16; ++kk) {
+      wgmma_ss<Element, kHeadDim, 1, 1>(dq_acc, ds_mn + buf * (L::kDsBytes >> 4) + 128 * kk,
+                                        k_mn + kv_off + L::kRowBytes * kk, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(dq_acc);
+    mbarrier_arrive(&ds_empty[buf]);
+    if (last_kb) {
+      const int64_t* off = out_offsets + 3 * kvs;
+      Element* dq = static_cast<Element*>(p.dq) + off[0];
+      const float scale[2] = {p.scale, p.scale};
+      store_acc_rows<Element>(warp_tile(dq_acc), dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w, p.Lq,
+                              p.D, plan.pairs_dq, lane, scale);
+    } else if (dq_slot == nullptr) {
+      for (int r = 0; r < 2; ++r)
+        for (int j = 0; j < kHalf / 4; ++j)
+          *dq_pair(r, j) = make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
+    } else {
+      float* const slot_tile = dq_slot + qt * 64 * kHeadDim;
+      for (int r = 0; r < 2; ++r)
+        for (int j = 0; j < kHalf / 4; ++j)
+          *reinterpret_cast<float2*>(slot_tile + r * 8 * kHeadDim + 8 * j) =
+              make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
+    }
+    // The next turn's tile (step it + turn_stride: query tile qt + turn_stride of this key block
+    // or a later one, found without a division) into the staging tile, where a later key block
+    // of this item reads it. Its last write (step it + turn_stride - q_tiles) came before its
+    // writer's arrival at step it on the ds_full this turn waited for (a consumer's, q_tiles >
+    // kC), or was this warpgroup's own (the dQ warpgroup).
+    int next_qt = qt + turn_stride, next_kb = kb;
+    while (next_qt >= plan.q_tiles) {
+      next_qt -= plan.q_tiles;
+      ++next_kb;
+    }
+    if (dq_slot != nullptr && next_kb > 0 && next_kb < plan.k_blocks) {
+      const float* const from = dq_slot + next_qt * 64 * kHeadDim;
+      for (int r = 0; r < 2; ++r)
+        for (int j = 0; j < kHalf / 4; ++j) cp_async_8(dq_pair(r, j), from + r * 8 * kHeadDim + 8 * j);
+      cp_async_commit();
+    }
+  };
+
+  if constexpr (L::kDqGroup) {
+    if (wg == kC + 1) {
+      // ---- the dQ warpgroup: every step's dQ, in the consumers' order ----
+      release_registers<L::kDqRegisters>();
+      int kv_it = 0, it0 = 0;
+      for (int bnh = blockIdx.x; bnh < items; bnh += gridDim.x, it0 += plan.k_blocks * plan.q_tiles) {
+        for (int kb = 0; kb < plan.k_blocks; ++kb, ++kv_it) {
+          const int kvs = kv_it & (L::kKvStages - 1);
+          mbarrier_wait(&kv_full[kvs], (kv_it >> (L::kKvStages - 1)) & 1);  // K, and the output offsets
+          for (int qt = 0; qt < plan.q_tiles; ++qt) dq_step(it0 + kb * plan.q_tiles + qt, kb, qt, kvs, 0, 1);
+          fence_proxy_async();
+          mbarrier_arrive(&kv_empty[kvs]);
+        }
+      }
+      return;
+    }
+  }
+
+  // ---- consumers ----
+  claim_registers<L::kConsumerRegisters>();
+  const int c = wg;
   const uint32_t c_rows = c * (L::kSeqBytes >> 4);  // this consumer's 64 rows of K, V
   //   K-major (S^T, dP^T): K, V rows of this consumer's keys; Q, dO rows of the query tile.
   const uint64_t k_desc = sw_seq + at(L::kK, 16) + c_rows, v_desc = sw_seq + at(L::kV, 16) + c_rows;
   const uint64_t q_desc = sw_seq + at(L::kQ, 16), do_desc = sw_seq + at(L::kDO, 16);
-  //   MN-major (dV += P^T dO, dK += dS^T Q: dO, Q transposed; dQ += dS K: dS^T and K transposed),
-  //   a k-step of 16 rows kRowBytes 16-byte units on.
+  //   MN-major (dV += P^T dO, dK += dS^T Q: dO, Q transposed), a k-step of 16 rows kRowBytes
+  //   16-byte units on.
   const uint64_t do_mn = sw_seq + at(L::kDO, L::kSeqBytes), q_mn = sw_seq + at(L::kQ, L::kSeqBytes);
-  const uint64_t ds_mn = sw128 + at(L::kDs, L::kDsBytes), k_mn = sw_seq + at(L::kK, L::kKvStageBytes);
   //   K-major A of dK += dS^T Q where it is read from shared memory: this consumer's rows of
   //   the dS^T buffer.
   const uint64_t ds_k = sw128 + at(L::kDs, 16) + c * (64 * 128 >> 4);
@@ -313,7 +418,6 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
     const float kbias[2] = {key_bias[kvs * L::kKeys + 64 * c + 16 * w + g],
                             key_bias[kvs * L::kKeys + 64 * c + 16 * w + g + 8]};
     for (int i = 0; i < kHalf; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
-    const bool last_kb = kb + 1 == plan.k_blocks;
 
     const uint32_t kv_off = kvs * (L::kKvStageBytes >> 4);
     // mainloop: S^T = K Q^T, dP^T = V dO^T of step `it` (issued once its stage has landed)
@@ -405,75 +509,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
       fence_proxy_async();
       mbarrier_arrive(&empty[s]);
 
-      // dQ(tile) += dS K by the consumer whose turn it is; the running dQ in shared memory or the
-      // workspace's pool.
-      // The dS^T arrivals also order this tile's running-dQ accesses after the previous key
-      // block's (another consumer's, before its arrival).
-      if (it % kC == c) {
-        // This thread's running-dQ pair of row g + 8r, columns 8j + 2t (chunks swizzled by the
-        // row): of the tile in shared memory, or of this consumer's staging tile.
-        // The running dQ in the workspace (from the kernel's parameters, so that no register
-        // holds it across the step): this block's slot, this thread's pairs in a tile (rows
-        // 16w + g (+ 8), columns 8j + 2t; no swizzle).
-        float* const dq_slot = !kDqPool || plan.dq_pool == nullptr ? nullptr
-                                                       : plan.dq_pool + (size_t{blockIdx.x} * plan.q_tiles * 64 +
-                                                                         16 * w + g) * kHeadDim + 2 * t;
-        float* const dq_row = dq_smem + ((dq_slot != nullptr ? c : qt) * 64 + 16 * w + g) * kHeadDim + 2 * t;
-        auto dq_pair = [&](int r, int j) {
-          return reinterpret_cast<float2*>(dq_row + r * 8 * kHeadDim + ((j ^ dq_chunk_swizzle<kHeadDim>(g)) * 8));
-        };
-        mbarrier_wait(&ds_full[buf], (it >> 1) & 1);
-        if (dq_slot != nullptr && kb > 0) cp_async_wait<0>();  // the staging tile, copied ahead
-        float dq_acc[kHalf];
-        for (int r = 0; r < 2; ++r)
-          for (int j = 0; j < kHalf / 4; ++j) {
-            float2 v = make_float2(0.0f, 0.0f);
-            if (kb > 0) v = *dq_pair(r, j);
-            dq_acc[4 * j + 2 * r] = v.x;
-            dq_acc[4 * j + 2 * r + 1] = v.y;
-          }
-        wgmma_fence();
-        for (int kk = 0; kk < L::kKeys / 16; ++kk) {
-          wgmma_ss<Element, kHeadDim, 1, 1>(dq_acc, ds_mn + buf * (L::kDsBytes >> 4) + 128 * kk,
-                                            k_mn + kv_off + L::kRowBytes * kk, 1);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_registers(dq_acc);
-        mbarrier_arrive(&ds_empty[buf]);
-        if (last_kb) {
-          const int64_t* off = out_offsets + 3 * kvs;
-          Element* dq = static_cast<Element*>(p.dq) + off[0];
-          const float scale[2] = {p.scale, p.scale};
-          store_acc_rows<Element>(warp_tile(dq_acc), dq, p.dq_stride.l, p.dq_stride.d, int64_t{qt} * 64 + 16 * w, p.Lq,
-                                  p.D, plan.pairs_dq, lane, scale);
-        } else if (dq_slot == nullptr) {
-          for (int r = 0; r < 2; ++r)
-            for (int j = 0; j < kHalf / 4; ++j)
-              *dq_pair(r, j) = make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
-        } else {
-          float* const slot_tile = dq_slot + qt * 64 * kHeadDim;
-          for (int r = 0; r < 2; ++r)
-            for (int j = 0; j < kHalf / 4; ++j)
-              *reinterpret_cast<float2*>(slot_tile + r * 8 * kHeadDim + 8 * j) =
-                  make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
-        }
-        // The next turn's tile (step it + kC: query tile qt + kC of this key block or a later one,
-        // found without a division) into the staging tile, where a later key block of this item
-        // reads it. Its last write (step it + kC - q_tiles, q_tiles > kC) came before its
-        // writer's arrival at step it on the ds_full this turn waited for.
-        int next_qt = qt + kC, next_kb = kb;
-        while (next_qt >= plan.q_tiles) {
-          next_qt -= plan.q_tiles;
-          ++next_kb;
-        }
-        if (dq_slot != nullptr && next_kb > 0 && next_kb < plan.k_blocks) {
-          const float* const from = dq_slot + next_qt * 64 * kHeadDim;
-          for (int r = 0; r < 2; ++r)
-            for (int j = 0; j < kHalf / 4; ++j) cp_async_8(dq_pair(r, j), from + r * 8 * kHeadDim + 8 * j);
-          cp_async_commit();
-        }
-      }
+      // dQ(tile) += dS K by the consumer whose turn it is (with a dQ warpgroup, that one's).
+      if (!L::kDqGroup && it % kC == c) dq_step(it, kb, qt, kvs, c, kC);
     }
     const int64_t* off = out_offsets + 3 * kvs;
     Element* dk = static_cast<Element*>(p.dk) + off[1];

@@ -32,8 +32,8 @@ struct BwdPlan {
   bool pairs_dq, pairs_dk, pairs_dv;  // 4-byte stores of element pairs
   // The running dQ between key blocks: null, in shared memory ([64 q_tiles][bucket] floats); or
   // this pool of the workspace (LaunchPlan::dq_accum), a [64 q_tiles][bucket] slot a block, each
-  // consumer's next dQ turn's tile copied ahead into a staging tile in shared memory
-  // (LaunchPlan::hopper_dq_pool).
+  // consumer's next dQ turn's tile (or the dQ warpgroup's next step's, bwd_dq_group) copied
+  // ahead into a staging tile in shared memory (LaunchPlan::hopper_dq_pool).
   float* dq_pool;
 };
 
@@ -42,6 +42,12 @@ struct BwdPlan {
 // no warpgroup barrier. Three consumers at bucket 32 (152 registers) then spill and serialize
 // their wgmma (C7512), so they read it from shared memory.
 EVOATTN_HOST_DEVICE constexpr bool bwd_dk_from_registers(int bucket, int consumers) { return consumers == 2 || bucket == 16; }
+
+// Whether the dK/dV/dQ kernel gives every step's dQ += dS K to a warpgroup of its own (80
+// registers), where the consumers took turns at it: two consumers at head-dim bucket 32
+// (with three, or at bucket 64's 64 registers of dK and dV, the consumers' registers would not
+// leave room for it; at bucket 16 it was slower, perf log v71).
+EVOATTN_HOST_DEVICE constexpr bool bwd_dq_group(int bucket, int consumers) { return consumers == 2 && bucket == 32; }
 
 // Key blocks of 64 `consumers` keys over Lk.
 constexpr int64_t bwd_key_blocks(int consumers, int64_t Lk) { return (Lk + 64 * consumers - 1) / (64 * consumers); }
@@ -75,7 +81,8 @@ constexpr size_t bwd_smem_bytes(int bucket, int consumers, int64_t q_tiles, bool
 // latencies; 152 registers a consumer thread) where their running dQ fits the 227 KB an sm_90
 // block may take (Lq up to 448 at head-dim bucket 32, 1472 at 16) and their 192-key blocks pad
 // Lk no further than 128-key ones (at Lk = 256 the second block's 64 keys left two consumers
-// idle: 8% slower than two); else two (224 registers; Lq up to 832 and 2112).
+// idle: 8% slower than two); else two (224 registers, or 184 beside bucket 32's dQ warpgroup,
+// bwd_dq_group; Lq up to 832 and 2112).
 // Two where three have no instantiation (HOPPER_BWD_CONSUMERS): bucket 64, where dK and dV take
 // 64 registers a thread, more than three consumers' 152 leave room for.
 constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk, bool dq_global = false) {
