@@ -1,12 +1,13 @@
-# The desk check of v75-bwd-matmuls-in-turn.patch (session 73, a helper): every role of the Hopper
-# dK/dV/dQ kernel (main + v74 + v75) as a list of operations against its mbarriers and named
-# barriers, with buffer-version checks; exhaustive (W=1: 240 configurations, 33.9M states) and
-# randomized (W=4: 300,000 schedules) runs found no deadlock or violation, and seven seeded bugs
-# were each caught. Line numbers in comments refer to that tree, not to main.
-"""Executable synchronization model of src/cuda/hopper/bwd_kernel.cuh (main + v74 + v75).
+# The dK/dV/dQ kernel's barrier model (session 74, a helper): adapted from session 73's v75 model (git history).
+# v75 (turn barriers 4 + c) removed; v74 (dQ warpgroup) kept; partial wgmma waits (keep) and
+# per-warp register hazards (checked statically) added; consumers built in mode main or v78.
+"""Executable synchronization model of src/cuda/hopper/bwd_kernel.cuh: main (which has v74's dQ
+warpgroup, not v75's turn barriers 4 + c) in cfg.mode 'main', and main + v78 (the query stage
+released once dV and dK are done, before the dQ turn) in cfg.mode 'v78'.  Adapted from
+session 73's v75-barrier-model.py (in git history).
 
 Every role is compiled to a straight-line op list (the kernel's control flow depends only on the
-configuration).  Line numbers refer to src/cuda/hopper/bwd_kernel.cuh with v74 and v75 applied.
+configuration).  Line numbers: see build().
 
 Granularity W: W=1 models each warpgroup as one process (arrivals of 128 threads at once);
 W=4 models every warp of a warpgroup as its own process (arrivals of 32 threads, named barriers
@@ -26,20 +27,27 @@ MUT = set()  # mutations, for validating that the model catches bugs
 
 
 class Cfg:
-    def __init__(s, kC, dqg, dkreg, kvs, Q, K, items, W):
+    def __init__(s, kC, dqg, dkreg, kvs, Q, K, items, W, mode='main'):
         s.kC, s.dqg, s.dkreg, s.KVS, s.Q, s.K, s.items, s.W = kC, dqg, dkreg, kvs, Q, K, items, W
+        s.mode = mode
 
     def __repr__(s):
-        return (f"kC={s.kC} dqgroup={int(s.dqg)} dk_from_regs={int(s.dkreg)} kv_stages={s.KVS} "
+        return (f"mode={s.mode} kC={s.kC} dqgroup={int(s.dqg)} dk_from_regs={int(s.dkreg)} kv_stages={s.KVS} "
                 f"q_tiles={s.Q} k_blocks={s.K} items={s.items} W={s.W}")
 
 
 # ---------------------------------------------------------------- op-list construction
+# Line numbers: L(main, v78) -> the line in src/cuda/hopper/bwd_kernel.cuh of main, or of main with
+# docs/perf/prepared/v78-bwd-stage-released-before-the-dq-turn.patch applied (the two trees are
+# identical up to line 499, so a single number is given there).
 def build(cfg):
     kC, W, Q, K, KVS = cfg.kC, cfg.W, cfg.Q, cfg.K, cfg.KVS
+    mode = cfg.mode
+    assert mode in ('main', 'v78')
+    v78 = mode == 'v78'
     wcnt = 128 // W            # threads one process arrives with
     procs = []                 # (name, wg, w, ops)
-    # mbarriers
+    # mbarriers (lines 184-195)
     mb_init = {}
     for s in range(KS):
         mb_init[('full', s)] = 1 + 32
@@ -49,9 +57,10 @@ def build(cfg):
         mb_init[('kv_empty', s)] = (kC + (1 if cfg.dqg and 'kv_empty_v73_count' not in MUT else 0)) * 128
         mb_init[('ds_full', s)] = kC * 128
         mb_init[('ds_empty', s)] = 128
-    nb_ids = sorted(set([4 + c for c in range(kC)] + ([1 + c for c in range(kC)] if not cfg.dkreg else [])))
+    # named barriers on main: only 1 + c (dS^T buffer rows of the warpgroup, !kDkFromRegisters)
+    nb_ids = sorted([1 + c for c in range(kC)] if not cfg.dkreg else [])
 
-    # ---- producer warp (lines 202-281)
+    # ---- producer warp (lines 198-277)
     P = []
     kv_it = 0
     it0 = 0
@@ -61,131 +70,157 @@ def build(cfg):
                 it = it0 + kb * Q + qt
                 s = it % KS
                 if it >= KS and 'no_empty_wait' not in MUT:
-                    P.append(('mwait', ('empty', s), (it // KS - 1) & 1, it // KS - 1, 221))
-                P.append(('mexpect', ('full', s), 223))
-                P.append(('tma', ('full', s), ('stage', s), it, 224))
-                P.append(('gwrite', ('stats', s), it, 243))
-                P.append(('marrive', ('full', s), 32, 250))
-            early = (Q if Q < KS else KS) if KVS == 1 else 0
+                    P.append(('mwait', ('empty', s), (it // KS - 1) & 1, it // KS - 1, 218))
+                P.append(('mexpect', ('full', s), 220))
+                P.append(('tma', ('full', s), ('stage', s), it, 221))      # Q, dO, tile boxes 221-226
+                P.append(('gwrite', ('stats', s), it, 240))                # statistics, flag 229-246
+                P.append(('marrive', ('full', s), 32, 247))
+            early = (Q if Q < KS else KS) if KVS == 1 else 0              # line 251
             for qt in range(early):
-                load_step(qt)
+                load_step(qt)                                             # line 252
             kvs = kv_it & (KVS - 1)
             if kv_it >= KVS:
-                P.append(('mwait', ('kv_empty', kvs), ((kv_it >> (KVS - 1)) - 1) & 1, (kv_it >> (KVS - 1)) - 1, 257))
-            P.append(('mexpect', ('kv_full', kvs), 259))
-            P.append(('tma', ('kv_full', kvs), ('kv', kvs), kv_it, 262))
-            P.append(('gwrite', ('kvmeta', kvs), kv_it, 268))
-            P.append(('marrive', ('kv_full', kvs), 32, 276))
+                P.append(('mwait', ('kv_empty', kvs), ((kv_it >> (KVS - 1)) - 1) & 1, (kv_it >> (KVS - 1)) - 1, 254))
+            P.append(('mexpect', ('kv_full', kvs), 256))
+            P.append(('tma', ('kv_full', kvs), ('kv', kvs), kv_it, 259))  # K, V 257-261
+            P.append(('gwrite', ('kvmeta', kvs), kv_it, 265))             # out offsets, key biases 263-272
+            P.append(('marrive', ('kv_full', kvs), 32, 273))
             for qt in range(early, Q):
-                load_step(qt)
+                load_step(qt)                                             # line 274
             kv_it += 1
         it0 += K * Q
-    P.append(('done', 280))
+    P.append(('done', 277))
     procs.append(('P', 'P', 0, P))
 
-    def dq_step(ops, wg, w, it, kb, qt, kvs, kvit, item, batches):
+    # dq_step (lines 303-366), the same in both trees
+    def dq_step(ops, wg, w, it, kb, qt, kvs, kvit, item, batches, regs):
         buf = it & 1
-        ops.append(('mwait', ('ds_full', buf), (it >> 1) & 1, it >> 1, 317))
+        ops.append(('mwait', ('ds_full', buf), (it >> 1) & 1, it >> 1, 314))
         if kb > 0:
-            ops.append(('gread', ('dq', qt, w), item * K + kb - 1, 323))
+            ops.append(('gread', ('dq', qt, w), item * K + kb - 1, 320))
+        ops.append(('rwrite', 'dqacc', 322))
         reads = tuple([(('ds', buf, c2, w2), it) for c2 in range(kC) for w2 in range(W)] + [(('kv', kvs), kvit)])
         ops.append(('wg_issue', len(batches), 329))
         batches.append(reads)
-        ops.append(('wg_wait', 333))
-        ops.append(('marrive', ('ds_empty', buf), wcnt, 335))
+        regs.append((frozenset(), frozenset({'dqacc'})))
+        ops.append(('wg_wait', 0, 330))
+        ops.append(('marrive', ('ds_empty', buf), wcnt, 332))
+        ops.append(('rread', 'dqacc', 333))
         if kb + 1 == K:
-            ops.append(('gread', ('kvmeta', kvs), kvit, 337))
+            ops.append(('gread', ('kvmeta', kvs), kvit, 335))
         else:
-            ops.append(('gwrite', ('dq', qt, w), item * K + kb, 345))
+            ops.append(('gwrite', ('dq', qt, w), item * K + kb, 342))
 
     wg_batches = {}
-    # ---- dQ warpgroup (lines 371-387)
+    wg_regs = {}
+    # ---- dQ warpgroup (lines 368-384)
     if cfg.dqg:
-        batches = []
         for w in range(W):
             ops = []
             b = []
+            r = []
             kv_it = 0
             it0 = 0
             for item in range(cfg.items):
                 for kb in range(K):
                     kvs = kv_it & (KVS - 1)
-                    ops.append(('mwait', ('kv_full', kvs), (kv_it >> (KVS - 1)) & 1, kv_it >> (KVS - 1), 379))
+                    ops.append(('mwait', ('kv_full', kvs), (kv_it >> (KVS - 1)) & 1, kv_it >> (KVS - 1), 376))
                     for qt in range(Q):
-                        dq_step(ops, 'D', w, it0 + kb * Q + qt, kb, qt, kvs, kv_it, item, b)
-                    ops.append(('marrive', ('kv_empty', kvs), wcnt, 382))
+                        dq_step(ops, 'D', w, it0 + kb * Q + qt, kb, qt, kvs, kv_it, item, b, r)   # 377
+                    ops.append(('marrive', ('kv_empty', kvs), wcnt, 379))
                     kv_it += 1
                 it0 += K * Q
-            ops.append(('done', 386))
+            ops.append(('done', 382))
             procs.append((f'D.w{w}', 'D', w, ops))
-            batches = b
-        wg_batches['D'] = batches
+        wg_batches['D'] = b
+        wg_regs['D'] = r
 
-    # ---- consumers (lines 392-538)
+    # ---- consumers (main lines 386-526, v78 lines 386-532)
+    L = (lambda m, n: n) if v78 else (lambda m, n: m)
     for c in range(kC):
-        batches = None
         for w in range(W):
             ops = []
             b = []
-            if c == kC - 1 and 'no_initial_arrive' not in MUT:
-                ops.append(('nbarrive', 4, 256, 418))
+            r = []
             kv_it = 0
             it0 = 0
             for item in range(cfg.items):
                 for kb in range(K):
                     kvs = kv_it & (KVS - 1)
-                    ops.append(('mwait', ('kv_full', kvs), (kv_it >> (KVS - 1)) & 1, kv_it >> (KVS - 1), 423))
-                    ops.append(('gread', ('kvmeta', kvs), kv_it, 424))
+                    ops.append(('mwait', ('kv_full', kvs), (kv_it >> (KVS - 1)) & 1, kv_it >> (KVS - 1), 417))
+                    ops.append(('gread', ('kvmeta', kvs), kv_it, 418))          # key biases
+                    ops.append(('rwrite', 'dkv', 420))                          # dk_acc, dv_acc = 0
 
-                    def issue_s_dp(it, line):
+                    def issue_s_dp(it, line):                                   # lines 424-435
                         s = it % KS
-                        ops.append(('mwait', ('full', s), (it // KS) & 1, it // KS, 432))
-                        ops.append(('wg_issue', len(b), line))
+                        ops.append(('mwait', ('full', s), (it // KS) & 1, it // KS, 426))
+                        ops.append(('wg_issue', len(b), line))                  # 428-434
                         b.append(((('stage', s), it), (('kv', kvs), kv_it)))
-                    issue_s_dp(it0 + kb * Q, 445)
-                    ops.append(('wg_wait', 446))
+                        r.append((frozenset(), frozenset({'sacc'})))
+                    issue_s_dp(it0 + kb * Q, 439)
+                    ops.append(('wg_wait', 0, 440))
                     for qt in range(Q):
                         it = it0 + kb * Q + qt
                         s = it % KS
-                        ops.append(('gread', ('stats', s), it, 456))
-                        ops.append(('gread', ('stage', s), it, 460))   # tile box (ldmatrix)
+                        ops.append(('gread', ('stats', s), it, 450))            # statistics (and 459-465)
+                        ops.append(('gread', ('stage', s), it, 454))            # tile box (ldmatrix)
+                        ops.append(('rread', 'sacc', 459))                      # softmax in place
+                        ops.append(('rwrite', 'sacc', 459))
                         buf = it & 1
                         if it >= 2:
-                            ops.append(('mwait', ('ds_empty', buf), ((it >> 1) - (0 if 'ds_empty_parity' in MUT else 1)) & 1, (it >> 1) - 1, 478))
-                        ops.append(('gwrite', ('ds', buf, c, w), it, 485))
+                            ops.append(('mwait', ('ds_empty', buf), ((it >> 1) - (0 if 'ds_empty_parity' in MUT else 1)) & 1, (it >> 1) - 1, 472))
+                        ops.append(('rread', 'sacc', 476))                      # pack P^T, dS^T
+                        ops.append(('rwrite', 'pa', 476))
+                        ops.append(('gwrite', ('ds', buf, c, w), it, 479))      # stmatrix
                         if not cfg.dkreg:
-                            ops.append(('nbsync', 1 + c, 128, 491))
-                        bad = 'dq_in_window' in MUT
-                        if not bad:
-                            ops.append(('marrive', ('ds_full', buf), wcnt, 492))
-                        ops.append(('nbsync', 4 + c, 256, 497))
-                        if bad:
-                            ops.append(('marrive', ('ds_full', buf), wcnt, 492))
-                        reads = [(('stage', s), it)]
-                        if not cfg.dkreg:
-                            reads += [(('ds', buf, c, w2), it) for w2 in range(W)]
-                        ops.append(('wg_issue', len(b), 499))
-                        b.append(tuple(reads))
-                        if qt + 1 < Q:
-                            issue_s_dp(it + 1, 509)
-                        if bad and not cfg.dqg and it % kC == c:
-                            dq_step(ops, c, w, it, kb, qt, kvs, kv_it, item, b)
-                        ops.append(('nbsync' if 'sync_at_510' in MUT else 'nbarrive', 4 + (c + 1) % kC, 256, 510))
-                        ops.append(('wg_wait', 514))
-                        ops.append(('marrive', ('empty', s), wcnt, 520))
-                        if not bad and not cfg.dqg and it % kC == c:
-                            dq_step(ops, c, w, it, kb, qt, kvs, kv_it, item, b)
-                    ops.append(('gread', ('kvmeta', kvs), kv_it, 525))
-                    ops.append(('marrive', ('kv_empty', kvs), wcnt, 529))
+                            ops.append(('nbsync', 1 + c, 128, 485))
+                        ops.append(('marrive', ('ds_full', buf), wcnt, 486))
+
+                        def issue_dvdk():                                       # lines 489-499
+                            reads = [(('stage', s), it)]
+                            if not cfg.dkreg:
+                                reads += [(('ds', buf, c, w2), it) for w2 in range(W)]
+                            ops.append(('wg_issue', len(b), 499))
+                            b.append(tuple(reads))
+                            r.append((frozenset({'pa'}), frozenset({'dkv'})))
+                        turn = not cfg.dqg and it % kC == c
+                        if not v78:
+                            issue_dvdk()
+                            if qt + 1 < Q:
+                                issue_s_dp(it + 1, 500)
+                            ops.append(('wg_wait', 0, 504))
+                            ops.append(('marrive', ('empty', s), wcnt, 510))
+                            if turn:
+                                dq_step(ops, c, w, it, kb, qt, kvs, kv_it, item, b, r)   # 513
+                        else:
+                            if qt + 1 < Q:
+                                if 'v78_issue_first' in MUT:
+                                    issue_s_dp(it + 1, 504)
+                                    issue_dvdk()
+                                else:
+                                    issue_dvdk()
+                                    issue_s_dp(it + 1, 504)
+                                if 'v78_no_wait' not in MUT:
+                                    ops.append(('wg_wait', 2 if 'v78_keep2' in MUT else 1, 505))
+                            else:
+                                issue_dvdk()
+                                ops.append(('wg_wait', 1 if 'v78_last_keep1' in MUT else 0, 507))
+                            rel = (it + 1) % KS if 'v78_next_stage' in MUT else s
+                            ops.append(('marrive', ('empty', rel), wcnt, 512))
+                            if turn:
+                                dq_step(ops, c, w, it, kb, qt, kvs, kv_it, item, b, r)   # 515
+                            if 'v78_no_trailing_wait' not in MUT:
+                                ops.append(('wg_wait', 0, 517))
+                    ops.append(('gread', ('kvmeta', kvs), kv_it, L(516, 522)))  # out offsets
+                    ops.append(('marrive', ('kv_empty', kvs), wcnt, L(519, 525)))
+                    ops.append(('rread', 'dkv', L(522, 528)))                   # epilogue stores
                     kv_it += 1
                 it0 += K * Q
-            if c == 0 and 'no_final_sync' not in MUT:
-                ops.append(('nbsync', 4, 256, 538))
-            ops.append(('done', 539))
+            ops.append(('done', L(526, 532)))
             procs.append((f'C{c}.w{w}', c, w, ops))
-            batches = b
-        wg_batches[c] = batches
-    return procs, mb_init, nb_ids, wg_batches
+        wg_batches[c] = b
+        wg_regs[c] = r
+    return procs, mb_init, nb_ids, wg_batches, wg_regs
 
 
 # ---------------------------------------------------------------- the machine
@@ -194,16 +229,40 @@ class Machine:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        procs, mb_init, nb_ids, wg_batches = build(cfg)
+        procs, mb_init, nb_ids, wg_batches, wg_regs = build(cfg)
+        self.violations = {}
+        self.trace = []
         self.names = [p[0] for p in procs]
         self.wgof = [p[1] for p in procs]
-        self.ops = [p[3] for p in procs]
         self.n = len(procs)
         self.wg_batches = wg_batches
+        self.wg_regs = wg_regs
         self.wg_members = {}
         for i, g in enumerate(self.wgof):
             if g != 'P':
                 self.wg_members.setdefault(g, []).append(i)
+        # Register accesses (rread/rwrite) depend only on the warp's own program order (its own
+        # issued and waited wgmma groups), so they are checked here, statically, and stripped.
+        # ('wg_wait', keep, line): wgmma.wait_group keep -- all but the last `keep` groups that this
+        # warp committed are complete (groups complete in order).
+        self.ops = []
+        for i, (name, g, w, ops) in enumerate(procs):
+            iss = wt = 0
+            kept = []
+            for op in ops:
+                if op[0] == 'wg_issue':
+                    iss += 1
+                elif op[0] == 'wg_wait':
+                    wt = max(wt, iss - op[1])
+                elif op[0] in ('rread', 'rwrite'):
+                    for k in range(wt, iss):
+                        rd, wr = self.wg_regs[g][k]
+                        if op[1] in wr or (op[0] == 'rwrite' and op[1] in rd):
+                            self.viol('register accessed while a wgmma group in flight uses it', op[-1],
+                                      f'{name} {op[0]} {op[1]} while group {k} (reads {set(rd)}, writes {set(wr)}) may run')
+                    continue
+                kept.append(op)
+            self.ops.append(kept)
         # prefix counts: issued before pc, and batches completed-known (waited) before pc
         self.issued_before = []
         self.waited_before = []
@@ -215,7 +274,7 @@ class Machine:
                 if op[0] == 'wg_issue':
                     iss += 1
                 if op[0] == 'wg_wait':
-                    wt = iss
+                    wt = max(wt, iss - op[1])
                 ib.append(iss)
                 wb.append(wt)
             self.issued_before.append(ib)
@@ -241,7 +300,6 @@ class Machine:
         self.buf_names = sorted(bufs, key=repr)
         self.buf_idx = {k: i for i, k in enumerate(self.buf_names)}
         self.reset()
-        self.violations = {}
 
     def reset(self):
         self.pc = [0] * self.n
@@ -332,8 +390,10 @@ class Machine:
                 pass
             if not getattr(self.cfg, 'collective', True):
                 return True
-            mine = self.issued_before[i][self.pc[i]]
-            return all(self.issued_before[j][self.pc[j]] >= mine for j in self.wg_members[self.wgof[i]])
+            # the groups this wait completes must have been issued by every warp of the warpgroup
+            # (wgmma is collective); with keep = 0 this is `mine`, the warp's own issued count
+            target = self.waited_before[i][self.pc[i] + 1]
+            return all(self.issued_before[j][self.pc[j]] >= target for j in self.wg_members[self.wgof[i]])
         if k == 'nbsync' and self.reg[i] is not None:
             return self.nb[self.nb_idx[op[1]]][1] >= self.reg[i]
         return True
@@ -451,11 +511,8 @@ class Machine:
     def check_nb_phase(self, bid, who, line):
         kC = self.cfg.kC
         wgs = [self.wgof[self.names.index(w)] for w in who]
-        if bid >= 4:
-            c = bid - 4
-            want = sorted([c] * self.cfg.W + [(c - 1) % kC] * self.cfg.W)
-        else:
-            want = [bid - 1] * self.cfg.W
+        assert 1 <= bid <= kC   # main: only the dS^T rows barrier 1 + c of warpgroup c
+        want = [bid - 1] * self.cfg.W
         if sorted(wgs) != want:
             self.viol('named barrier phase made of wrong roles', line, f'bar {bid} phase by {who}')
 
