@@ -70,8 +70,7 @@ struct BwdLayout {
   static constexpr int kProducerRegisters = 56;
   static constexpr int kDqRegisters = 80;
   static constexpr int kConsumerRegisters =
-      kDqGroup ? ((65536 - 128 * (kProducerRegisters + kDqRegisters)) / (128 * kConsumers)) / 8 * 8
-               : consumer_registers(kConsumers, kProducerRegisters);
+      consumer_registers(kConsumers, kProducerRegisters, 1, kDqGroup ? kDqRegisters : 0);
   static constexpr int kRowBytes = 2 * kHeadDim;
   static constexpr int kSeqBytes = 64 * kRowBytes;  // a 64-row box
   static constexpr int kKvStageBytes = kConsumers * kSeqBytes;

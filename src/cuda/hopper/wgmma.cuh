@@ -49,14 +49,15 @@ __device__ __forceinline__ void fence_registers(float (&d)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The registers a consumer thread may claim in a block of `consumers` consumer warpgroups and one
-// producer warpgroup that keeps `producer` a thread, `blocks` such blocks an SM: setmaxnreg moves
+// The registers a consumer thread may claim in a block of `consumers` consumer warpgroups, one
+// producer warpgroup that keeps `producer` a thread and, where `side` > 0, one more warpgroup that
+// keeps `side` (the backward's dQ warpgroup), `blocks` such blocks an SM: setmaxnreg moves
 // registers within the block's allocation (65536 / (blocks threads) a thread, in steps of 8), so
-// the producer's 128 x producer and the consumers' must fit it (a consumer that asks for more
-// waits forever).
-constexpr int consumer_registers(int consumers, int producer, int blocks = 1) {
-  const int threads = 128 * (consumers + 1), launch = (65536 / (blocks * threads)) / 8 * 8;
-  return ((launch * threads - 128 * producer) / (128 * consumers)) / 8 * 8;
+// the other warpgroups' 128 x registers and the consumers' must fit it (a consumer that asks for
+// more waits forever).
+constexpr int consumer_registers(int consumers, int producer, int blocks = 1, int side = 0) {
+  const int threads = 128 * (consumers + 1 + (side > 0 ? 1 : 0)), launch = (65536 / (blocks * threads)) / 8 * 8;
+  return ((launch * threads - 128 * (producer + side)) / (128 * consumers)) / 8 * 8;
 }
 
 // Register reallocation between warpgroups (all of a warpgroup's threads execute it).
