@@ -58,6 +58,8 @@ HOPPER_FWD = ("cuda/hopper/fwd_kernel.cuh", "hopper::run_fwd",
               "(const FwdParams&, const hopper::FwdPlan&, cudaStream_t)")
 # Its head-dim buckets and their consumer warpgroup counts (fwd_max_consumers in hopper/fwd_plan.h).
 HOPPER_FWD_CONSUMERS = {16: [2, 3, 4], 32: [2, 3, 4], 64: [2, 3], 128: [2]}
+# Its head-dim buckets with four consumers on two n an item (fwd_two_n_for in hopper/fwd_plan.h).
+HOPPER_FWD_TWO_N_HEAD_DIMS = [16, 32]
 # The Hopper backward's dK/dV/dQ kernel per head-dim bucket and consumer warpgroup count
 # (bwd_usable, bwd_consumers_for in hopper/bwd_plan.h).
 HOPPER_BWD = ("cuda/hopper/bwd_kernel.cuh", "hopper::run_bwd",
@@ -152,7 +154,10 @@ def main() -> None:
         for hd, consumer_counts in HOPPER_FWD_CONSUMERS.items():
             for c in consumer_counts:
                 write_instantiation(hopper_out, f"fwd_{dname}_hdim{hd}_c{c}.cu", header,
-                                    f"cudaError_t {fn}<{dtype}, {hd}, {c}>{sig}", hopper_names)
+                                    f"cudaError_t {fn}<{dtype}, {hd}, {c}, 1>{sig}", hopper_names)
+        for hd in HOPPER_FWD_TWO_N_HEAD_DIMS:
+            write_instantiation(hopper_out, f"fwd_{dname}_hdim{hd}_c4_two_n.cu", header,
+                                f"cudaError_t {fn}<{dtype}, {hd}, 4, 2>{sig}", hopper_names)
     header, fn, sig = HOPPER_BWD
     for dname, dtype in DTYPES.items():
         for hd, consumer_counts in HOPPER_BWD_CONSUMERS.items():
@@ -224,6 +229,8 @@ def write_variants_header() -> None:
         + predicate("hopper_bwd", list(HOPPER_BWD_CONSUMERS), "The Hopper backward (HOPPER_BWD_CONSUMERS).")
         + predicate("hopper_pair_bias", HOPPER_PAIR_BIAS_HEAD_DIMS,
                     "The Hopper pair-bias gradient (HOPPER_PAIR_BIAS_HEAD_DIMS).")
+        + predicate("hopper_fwd_two_n", HOPPER_FWD_TWO_N_HEAD_DIMS,
+                    "The Hopper forward's four consumers on two n an item (HOPPER_FWD_TWO_N_HEAD_DIMS).")
         + "// Hopper forward consumer warpgroup counts (HOPPER_FWD_CONSUMERS).\n"
         f"constexpr bool hopper_fwd_consumers(int hd, int c) {{ return {consumers}; }}\n"
         + "// Hopper backward consumer warpgroup counts (HOPPER_BWD_CONSUMERS).\n"

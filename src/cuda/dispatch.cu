@@ -149,26 +149,29 @@ cudaError_t fwd_mma_path(const FwdParams& p, const LaunchPlan& plan, size_t smem
 }
 
 // The Hopper family's forward (hopper/fwd_kernel.cuh), where hopper::fwd_usable takes the call
-// with `consumers`.
+// with `shape`.
 template <typename Element>
-cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, int consumers, cudaStream_t stream) {
+cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, cuda::hopper::FwdShape shape, cudaStream_t stream) {
 #if defined(EVOATTN_WITH_HOPPER)
   cuda::hopper::FwdPlan hopper_plan;
-  if (cudaError_t e = cuda::hopper::make_fwd_plan(p, plan, consumers, &hopper_plan)) return e;
+  if (cudaError_t e = cuda::hopper::make_fwd_plan(p, plan, shape, &hopper_plan)) return e;
   return with_head_dim(p.D, [&](auto hd) {
     constexpr int kHeadDim = decltype(hd)::value;
+    if constexpr (cuda::variants::hopper_fwd_two_n(kHeadDim)) {
+      if (hopper_plan.ns == 2) return cuda::hopper::run_fwd<Element, kHeadDim, 4, 2>(p, hopper_plan, stream);
+    }
     if constexpr (cuda::variants::hopper_fwd_consumers(kHeadDim, 4)) {
-      if (hopper_plan.consumers == 4) return cuda::hopper::run_fwd<Element, kHeadDim, 4>(p, hopper_plan, stream);
+      if (hopper_plan.consumers == 4) return cuda::hopper::run_fwd<Element, kHeadDim, 4, 1>(p, hopper_plan, stream);
     }
     if constexpr (cuda::variants::hopper_fwd_consumers(kHeadDim, 3)) {
-      if (hopper_plan.consumers == 3) return cuda::hopper::run_fwd<Element, kHeadDim, 3>(p, hopper_plan, stream);
+      if (hopper_plan.consumers == 3) return cuda::hopper::run_fwd<Element, kHeadDim, 3, 1>(p, hopper_plan, stream);
     }
-    return cuda::hopper::run_fwd<Element, kHeadDim, 2>(p, hopper_plan, stream);
+    return cuda::hopper::run_fwd<Element, kHeadDim, 2, 1>(p, hopper_plan, stream);
   });
 #else
   (void)p;
   (void)plan;
-  (void)consumers;
+  (void)shape;
   (void)stream;
   return cudaErrorNotSupported;
 #endif
@@ -177,7 +180,9 @@ cudaError_t fwd_hopper(const FwdParams& p, const LaunchPlan& plan, int consumers
 template <typename Element>
 cudaError_t fwd_mma(const FwdParams& p, cudaStream_t stream) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
-  if (const int consumers = cuda::hopper::fwd_usable(p, plan)) return fwd_hopper<Element>(p, plan, consumers, stream);
+  if (const cuda::hopper::FwdShape shape = cuda::hopper::fwd_usable(p, plan); shape.consumers != 0) {
+    return fwd_hopper<Element>(p, plan, shape, stream);
+  }
   size_t smem = 0;
   if (cudaError_t e = cuda::smem_per_block_limit(p.device, &smem)) return e;
   cuda::set_fwd_groups(plan, p, cuda::fwd_groups_for(head_dim_bucket(p.D), smem));

@@ -111,6 +111,8 @@ set(EVOATTN_HOPPER_SOURCES
   cuda/hopper/instantiations/fwd_fp16_hdim64_c2.cu
   cuda/hopper/instantiations/fwd_fp16_hdim64_c3.cu
   cuda/hopper/instantiations/fwd_fp16_hdim128_c2.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim16_c4_two_n.cu
+  cuda/hopper/instantiations/fwd_fp16_hdim32_c4_two_n.cu
   cuda/hopper/instantiations/fwd_bf16_hdim16_c2.cu
   cuda/hopper/instantiations/fwd_bf16_hdim16_c3.cu
   cuda/hopper/instantiations/fwd_bf16_hdim16_c4.cu
@@ -120,6 +122,8 @@ set(EVOATTN_HOPPER_SOURCES
   cuda/hopper/instantiations/fwd_bf16_hdim64_c2.cu
   cuda/hopper/instantiations/fwd_bf16_hdim64_c3.cu
   cuda/hopper/instantiations/fwd_bf16_hdim128_c2.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim16_c4_two_n.cu
+  cuda/hopper/instantiations/fwd_bf16_hdim32_c4_two_n.cu
   cuda/hopper/instantiations/bwd_fp16_hdim16_c2.cu
   cuda/hopper/instantiations/bwd_fp16_hdim16_c3.cu
   cuda/hopper/instantiations/bwd_fp16_hdim32_c2.cu

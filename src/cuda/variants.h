@@ -25,6 +25,8 @@ constexpr bool pair_bias_key_pairs(int hd) { return hd == 32 || hd == 64; }
 constexpr bool hopper_bwd(int hd) { return hd == 16 || hd == 32 || hd == 64; }
 // The Hopper pair-bias gradient (HOPPER_PAIR_BIAS_HEAD_DIMS).
 constexpr bool hopper_pair_bias(int hd) { return hd == 16 || hd == 32 || hd == 64; }
+// The Hopper forward's four consumers on two n an item (HOPPER_FWD_TWO_N_HEAD_DIMS).
+constexpr bool hopper_fwd_two_n(int hd) { return hd == 16 || hd == 32; }
 // Hopper forward consumer warpgroup counts (HOPPER_FWD_CONSUMERS).
 constexpr bool hopper_fwd_consumers(int hd, int c) { return (hd == 16 && (c == 2 || c == 3 || c == 4)) || (hd == 32 && (c == 2 || c == 3 || c == 4)) || (hd == 64 && (c == 2 || c == 3)) || (hd == 128 && (c == 2)); }
 // Hopper backward consumer warpgroup counts (HOPPER_BWD_CONSUMERS).

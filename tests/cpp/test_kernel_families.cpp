@@ -99,6 +99,7 @@ bool hopper_gpu() {
 struct Shape {
   int64_t B, N, Lq, Lk, H, D;
   bool mask_bias, pair_bias;
+  bool pair_bias_per_n = false;  // the pair bias [B, N, H, Lq, Lk]: it varies along n
 };
 
 // A bfloat16 tensor on the GPU, uniform in [lo, hi).
@@ -150,6 +151,13 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
       // consumer has no rows.
       {1, 3, 256, 136, 2, 16, true, true},  {2, 2, 700, 72, 1, 8, true, true},
       {1, 2, 700, 72, 2, 24, true, true},   // bucket 32: four consumers, one P register set
+      // Four consumers on two n an item (fwd_two_n_for: Lq in 257-384, 513-640): a last item whose
+      // second query tile has no rows; whole items; N = 15, whose last item's second n is past N
+      // (bucket 32).
+      {1, 2, 300, 136, 2, 16, true, true},  {1, 16, 384, 72, 1, 8, true, true},
+      {1, 15, 576, 72, 1, 24, true, true},
+      // A pair bias that varies along n: two n cannot share its boxes, so one n an item there.
+      {1, 2, 384, 136, 2, 32, true, true, true},
   };
   // Every shape is one the Hopper forward takes (hopper::fwd_usable): 16-byte rows everywhere,
   // so Lk is a multiple of 8 for the pair bias's rows.
@@ -162,7 +170,7 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
     const Tensor k = random_bf16(rng, {s.B, s.N, s.Lk, s.H, s.D}, -2, 2);
     const Tensor v = random_bf16(rng, {s.B, s.N, s.Lk, s.H, s.D}, -1, 1);
     const Tensor mb = random_bf16(rng, {s.B, s.N, 1, 1, s.Lk}, -3, 0);
-    const Tensor pb = random_bf16(rng, {s.B, 1, s.H, s.Lq, s.Lk}, -2, 2);
+    const Tensor pb = random_bf16(rng, {s.B, s.pair_bias_per_n ? s.N : 1, s.H, s.Lq, s.Lk}, -2, 2);
     Tensor o = Tensor::empty({s.B, s.N, s.Lq, s.H, s.D}, EVOATTN_BFLOAT16, EVOATTN_DEVICE_CUDA);
     Tensor lse = Tensor::empty({s.B, s.N, s.H, s.Lq}, EVOATTN_FLOAT32, EVOATTN_DEVICE_CUDA);
     const Tensor* mbp = s.mask_bias ? &mb : nullptr;
@@ -455,6 +463,15 @@ TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
 // fewest rows, two (two blocks an SM) in three's place where they cover Lq as well; every (bucket, consumers) layout fits the 227 KB an sm_90 block may take.
 TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   using cuda::hopper::fwd_consumers_for;
+  using cuda::hopper::fwd_two_n_for;
+  // Four consumers on two n an item where 128-row items cover Lq with an odd count past the first.
+  EXPECT_EQ(cuda::hopper::fwd_item_rows(4, 2), 128);
+  EXPECT_EQ(cuda::hopper::fwd_item_rows(4, 1), 256);
+  for (int64_t lq : {257, 300, 384, 513, 576, 640, 769, 896}) EXPECT_TRUE(fwd_two_n_for(32, lq, true)) << lq;
+  for (int64_t lq : {1, 64, 128, 129, 192, 256, 385, 512, 641, 768}) EXPECT_FALSE(fwd_two_n_for(32, lq, true)) << lq;
+  EXPECT_TRUE(fwd_two_n_for(16, 384, true));
+  EXPECT_FALSE(fwd_two_n_for(32, 384, false));  // odd N below 15, or a tile bias varying along n
+  EXPECT_FALSE(fwd_two_n_for(64, 384, true));   // no instantiation at bucket 64
   EXPECT_EQ(fwd_consumers_for(32, 768), 4);  // 3 blocks of 256 rows, as many as 4 of 192 or 6 of 128
   EXPECT_EQ(fwd_consumers_for(32, 384), 2);  // 512 rows with four; two blocks of two an SM, not three
   EXPECT_EQ(fwd_consumers_for(32, 300), 2);  // 384 rows with two or three
@@ -539,6 +556,10 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
       const int c = fwd_consumers_for(bucket, lq);
       EXPECT_TRUE(cuda::variants::hopper_fwd_consumers(bucket, c)) << "bucket " << bucket << " Lq " << lq;
       EXPECT_LE(cuda::hopper::fwd_smem_bytes(bucket, c), size_t{227} * 1024) << "bucket " << bucket;
+      if (cuda::hopper::fwd_two_n_for(bucket, lq, true)) {
+        EXPECT_TRUE(cuda::variants::hopper_fwd_two_n(bucket)) << "bucket " << bucket << " Lq " << lq;
+        EXPECT_LE(cuda::hopper::fwd_smem_bytes(bucket, 4, 2), size_t{227} * 1024) << "bucket " << bucket;
+      }
     }
   }
   // Two blocks of two consumers share an SM at buckets 16 and 32: their shared memory and the 1 KB

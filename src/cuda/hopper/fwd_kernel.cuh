@@ -1,16 +1,19 @@
 // Forward kernel for float16 / bfloat16 on Hopper (sm_90a), after FlashAttention-3.
 //
 //   block = a producer warpgroup and kConsumers consumer warpgroups (fwd_consumers_for: 4 at head
-//   dims <= 32, 3 at <= 64, where Lq fills their blocks, else 2), one block per SM (two of two
-//   consumers at head dims <= 32: fwd_blocks_per_sm), walking work items
-//   (64 query rows a consumer, of one (b, n, h)); the ring of key tiles runs on across items
+//   dims <= 32, 3 at <= 64, where Lq fills their items, else 2), one block per SM (two of two
+//   consumers at head dims <= 32: fwd_blocks_per_sm), walking work items (64 query rows a
+//   consumer, of one (b, n, h); with kNs = 2, four consumers on two n of one (b, h), two query
+//   tiles of each, where fwd_two_n_for, so that a tile-bias box serves both n); the ring of key
+//   tiles runs on across items
 //   warpgroup 0, the producer (kProducerRegisters a thread):
 //     warp 0: each item's Q by TMA into one of two buffers, once the consumers released the item
 //             before last's (q_empty), so it loads while they work on the item before; then per
-//             key tile K, V and each consumer's tile-bias box by TMA into a stage of a kStages
-//             ring (full / empty mbarriers)
-//     warp 1: the key tile's key biases into the same stage: every key slot summed, over the
-//             scale (the units of Q.K, where init_scores starts the scores); -inf past Lk
+//             key tile K and V of each n and a tile-bias box a query tile by TMA into a stage of
+//             a kStages ring (full / empty mbarriers)
+//     warp 1 (and 2, the second n of an item): the key tile's key biases of its n into the same
+//             stage: every key slot summed, over the scale (the units of Q.K, where init_scores
+//             starts the scores); -inf past Lk
 //   warpgroups 1.., the consumers (kConsumerRegisters): one 64-row query tile each;
 //   for each key tile:
 //     mainloop  y = (key bias + tile bias) / scale + Q K^T   (init_scores, then wgmma; Q, K
@@ -46,10 +49,14 @@ namespace evoattn::cuda::hopper {
 
 // The block's shared memory, in bytes from a 1024-byte aligned base: every tile is as TMA
 // writes it (rows swizzled as wide as they are, wgmma.cuh), 1024-byte aligned.
-template <int kHeadDim, int kConsumerCount>
+template <int kHeadDim, int kConsumerCount, int kNCount>
 struct FwdLayout {
   static constexpr int kConsumers = kConsumerCount;
-  static constexpr int kBlockRows = 64 * kConsumers;
+  // An item: kNs n of one (b, h) (fwd_two_n_for), kQTiles 64-row query tiles of each; consumer c
+  // takes n c / kQTiles, query tile c % kQTiles.
+  static constexpr int kNs = kNCount;
+  static constexpr int kQTiles = kConsumers / kNs;
+  static constexpr int kBlockRows = fwd_item_rows(kConsumers, kNs);
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlocksPerSm = fwd_blocks_per_sm(kHeadDim, kConsumers);
   // Two blocks an SM: the producer at 48 (its key-bias warp one tile at a time; at 40 it spilled),
@@ -68,15 +75,17 @@ struct FwdLayout {
   static constexpr int kSeqTileBytes = kChunks * kChunkBytes;
   static constexpr int kBiasTileBytes = kRows * kRows * 2;
   static constexpr int kQBufferBytes = kConsumers * kSeqTileBytes;  // an item's Q, of two buffers
+  static constexpr int kKvStageBytes = kNs * kSeqTileBytes;         // a stage's K (or V) tile of each n
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + 2 * kQBufferBytes;
-  static constexpr int kV = kK + kStages * kSeqTileBytes;
-  static constexpr int kTile = kV + kStages * kSeqTileBytes;
-  static constexpr int kKeyBias = kTile + kStages * kConsumers * kBiasTileBytes;
-  static constexpr int kBarriers = kKeyBias + kStages * kRows * 4;
+  static constexpr int kV = kK + kStages * kKvStageBytes;
+  static constexpr int kTile = kV + kStages * kKvStageBytes;
+  static constexpr int kKeyBias = kTile + kStages * kQTiles * kBiasTileBytes;  // 64 floats an n a stage
+  static constexpr int kBarriers = kKeyBias + kStages * kNs * kRows * 4;
   static constexpr int kBytes = kBarriers + (4 + 2 * kStages) * 8 + 1024;
   static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0 && kTile % 1024 == 0, "swizzle atoms stay aligned");
-  static_assert(kBytes == fwd_smem_bytes(kHeadDim, kConsumers), "fwd_plan.h counts this layout");
+  static_assert(kNs == 1 || (kNs == 2 && kConsumers == 4), "two n an item at four consumers only");
+  static_assert(kBytes == fwd_smem_bytes(kHeadDim, kConsumers, kNs), "fwd_plan.h counts this layout");
   static_assert(kConsumers >= 2 && kConsumers <= fwd_max_consumers(kHeadDim), "consumers");
   static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128, "head-dim buckets");
 };
@@ -125,17 +134,19 @@ __device__ __forceinline__ uint32_t tile_offset(int w, int lane) {
   return row * 128 + (((lane >> 4) ^ (row & 7)) * 16);
 }
 
-// An item's coordinates: kBlockRows query rows from q_block, of one (b, n, h); q-blocks vary
-// fastest, so the blocks reading one (b, n, h)'s K and V run together.
+// An item's coordinates: kBlockRows query rows from q_block, of kNs n from n (fwd_two_n_for) of
+// one (b, h); q-blocks vary fastest, so the blocks reading one (b, n, h)'s K and V run together.
 struct FwdItem {
   int q_block, h, n, b;
 };
 
 // A block's walk over its items first, first + G, first + 2G, ... (G = gridDim.x): the item's
-// coordinates as the digits of a mixed radix (the q-block's index fastest, then h, n, b), advanced
-// by adding G's digits with their carries (each at most one: both digits are below the radix),
-// where decoding each item's index costs three divisions (by the 64-bit H and N: a branch to a
-// 32-bit path or a call) at the start of every item, in every warp.
+// coordinates as the digits of a mixed radix (the q-block's index fastest, then h, n or with two
+// n an item the n group (FwdPlan::n_groups), b), advanced by adding G's digits with their carries
+// (each at most one: both digits are below the radix), where decoding each item's index costs
+// three divisions (by the 64-bit H and N: a branch to a 32-bit path or a call) at the start of
+// every item, in every warp.
+template <int kNs>
 struct FwdItemWalk {
   int q, h, n, b;      // the item's digits
   int dq, dh, dn, db;  // G's
@@ -146,10 +157,10 @@ struct FwdItemWalk {
   }
   template <int kBlockRows>
   __device__ __forceinline__ FwdItem item() const {
-    return {q * kBlockRows, h, n, b};
+    return {q * kBlockRows, h, n * kNs, b};
   }
   __device__ __forceinline__ void advance(const FwdPlan& plan, const FwdParams& p) {
-    const int H = static_cast<int>(p.H), N = static_cast<int>(p.N);
+    const int H = static_cast<int>(p.H), N = kNs == 1 ? static_cast<int>(p.N) : plan.n_groups;
     q += dq;
     int carry = q >= plan.q_blocks;
     q -= carry ? plan.q_blocks : 0;
@@ -165,7 +176,7 @@ struct FwdItemWalk {
  private:
   __device__ __forceinline__ static void digits(uint32_t item, const FwdPlan& plan, const FwdParams& p, int& q,
                                                 int& h, int& n, int& b) {
-    const uint32_t H = static_cast<uint32_t>(p.H), N = static_cast<uint32_t>(p.N);
+    const uint32_t H = static_cast<uint32_t>(p.H), N = static_cast<uint32_t>(kNs == 1 ? p.N : plan.n_groups);
     q = static_cast<int>(item % static_cast<uint32_t>(plan.q_blocks));
     item /= static_cast<uint32_t>(plan.q_blocks);
     h = static_cast<int>(item % H);
@@ -175,10 +186,11 @@ struct FwdItemWalk {
   }
 };
 
-template <typename Element, int kHeadDim, int kConsumers>
-__global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, FwdLayout<kHeadDim, kConsumers>::kBlocksPerSm)
+template <typename Element, int kHeadDim, int kConsumers, int kNs>
+__global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads,
+                                  FwdLayout<kHeadDim, kConsumers, kNs>::kBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdPlan plan, const FwdParams p) {
-  using L = FwdLayout<kHeadDim, kConsumers>;
+  using L = FwdLayout<kHeadDim, kConsumers, kNs>;
   extern __shared__ uint8_t smem_raw[];
   // Offset from smem_raw (not a cast through an integer) so the compiler keeps the pointers in the
   // shared window (LDS, not generic loads).
@@ -196,7 +208,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
   // A persistent grid: block x takes items x, x + gridDim.x, ...; the ring's tile counter runs on
   // across them (the item's i-th tile is the block's it0 + i-th), so the producer copies the next
   // item's first tiles while the consumers finish this one.
-  const uint32_t items = static_cast<uint32_t>(p.B * p.N * p.H) * plan.q_blocks;
+  const uint32_t items = static_cast<uint32_t>(p.B * (L::kNs == 1 ? p.N : plan.n_groups) * p.H) * plan.q_blocks;
 
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
@@ -204,7 +216,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
       mbarrier_init(&q_empty[b], L::kConsumers * 128);  // each consumer thread, after its item's last QK^T
     }
     for (int s = 0; s < L::kStages; ++s) {
-      mbarrier_init(&full[s], 1 + 32);              // the TMA thread and the key-bias warp
+      mbarrier_init(&full[s], 1 + 32 * L::kNs);    // the TMA thread and the key-bias warps
       mbarrier_init(&empty[s], L::kConsumers * 128);  // each consumer thread
     }
   }
@@ -215,63 +227,75 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
     // ---- producer ----
     release_registers<L::kProducerRegisters>();
     if (warp == 0 && lane == 0) {
-      const uint32_t bytes = 2 * L::kSeqTileBytes + (plan.has_tile ? L::kConsumers * L::kBiasTileBytes : 0);
+      const uint32_t bytes = 2 * L::kKvStageBytes + (plan.has_tile ? L::kQTiles * L::kBiasTileBytes : 0);
       uint32_t it0 = 0, local = 0;
-      FwdItemWalk walk(blockIdx.x, gridDim.x, plan, p);
+      FwdItemWalk<L::kNs> walk(blockIdx.x, gridDim.x, plan, p);
       for (uint32_t item = blockIdx.x; item < items;
            item += gridDim.x, ++local, it0 += plan.k_tiles, walk.advance(plan, p)) {
-        const FwdItem x = walk.item<L::kBlockRows>();
+        const FwdItem x = walk.template item<L::kBlockRows>();
         const uint32_t qb = local & 1;  // Q's buffer, used by items local - 2, local, ...
         if (local >= 2) mbarrier_wait_suspend(&q_empty[qb], ((local >> 1) - 1) & 1);
         mbarrier_arrive_expect_tx(&q_full[qb], L::kQBufferBytes);
+        // Consumer c's tile (n past N, with N odd, reads as zeros: TMA fills what lies outside).
         for (int c = 0; c < L::kConsumers; ++c)
           for (int ch = 0; ch < L::kChunks; ++ch)
             tma_load<5>(smem + L::kQ + qb * L::kQBufferBytes + c * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.q,
-                        &q_full[qb], {ch * 64, x.q_block + c * L::kRows, x.h, x.n, x.b});
+                        &q_full[qb], {ch * 64, x.q_block + (c % L::kQTiles) * L::kRows, x.h, x.n + c / L::kQTiles, x.b});
         const int th = plan.tile_varies_h ? x.h : 0, tn = plan.tile_varies_n ? x.n : 0,
                   tb = plan.tile_varies_b ? x.b : 0;
         for (int j = 0; j < plan.k_tiles; ++j) {
           const uint32_t it = it0 + j, s = it % L::kStages;
           if (it >= L::kStages) mbarrier_wait_suspend(&empty[s], (it / L::kStages - 1) & 1);
           mbarrier_arrive_expect_tx(&full[s], bytes);
-          for (int ch = 0; ch < L::kChunks; ++ch) {
-            tma_load<5>(smem + L::kK + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.k, &full[s],
-                        {ch * 64, j * 64, x.h, x.n, x.b});
-            tma_load<5>(smem + L::kV + s * L::kSeqTileBytes + ch * L::kChunkBytes, &plan.v, &full[s],
-                        {ch * 64, j * 64, x.h, x.n, x.b});
-          }
+          for (int nn = 0; nn < L::kNs; ++nn)
+            for (int ch = 0; ch < L::kChunks; ++ch) {
+              const int at = nn * L::kSeqTileBytes + ch * L::kChunkBytes;
+              tma_load<5>(smem + L::kK + s * L::kKvStageBytes + at, &plan.k, &full[s], {ch * 64, j * 64, x.h, x.n + nn, x.b});
+              tma_load<5>(smem + L::kV + s * L::kKvStageBytes + at, &plan.v, &full[s], {ch * 64, j * 64, x.h, x.n + nn, x.b});
+            }
+          // One box a query tile, for every n of the item (with two n the tile does not vary
+          // along n: fwd_usable).
           if (plan.has_tile) {
-            for (int c = 0; c < L::kConsumers; ++c)
-              tma_load<5>(smem + L::kTile + (s * L::kConsumers + c) * L::kBiasTileBytes, &plan.tile, &full[s],
-                          {j * 64, x.q_block + c * L::kRows, th, tn, tb});
+            for (int qt = 0; qt < L::kQTiles; ++qt)
+              tma_load<5>(smem + L::kTile + (s * L::kQTiles + qt) * L::kBiasTileBytes, &plan.tile, &full[s],
+                          {j * 64, x.q_block + qt * L::kRows, th, tn, tb});
           }
         }
       }
-    } else if (warp == 1) {
-      // The key biases, a group of tiles loaded at once, the next group's loads in flight while
-      // this group's values wait for their stages: a ring's worth with three consumers, two tiles
-      // with two (whose larger consumer budget left the producer's 64 registers one short at four:
-      // ptxas spilled), one at two blocks an SM (48 registers).
+    } else if (warp == 1 || (L::kNs == 2 && warp == 2)) {
+      // The key biases of the item's n warp - 1 (a warp an n), a group of tiles loaded at once,
+      // the next group's loads in flight while this group's values wait for their stages: a
+      // ring's worth with three or more consumers, two tiles with two (whose larger consumer
+      // budget left the producer's 64 registers one short at four: ptxas spilled), one at two
+      // blocks an SM (48 registers).
       constexpr int kGroup = L::kBlocksPerSm == 2 ? 1 : L::kConsumers >= 3 ? L::kStages : 2;
+      const int nn = L::kNs == 1 ? 0 : warp - 1;
       uint32_t it0 = 0;
-      FwdItemWalk walk(blockIdx.x, gridDim.x, plan, p);
+      FwdItemWalk<L::kNs> walk(blockIdx.x, gridDim.x, plan, p);
       for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, it0 += plan.k_tiles, walk.advance(plan, p)) {
-        const FwdItem x = walk.item<L::kBlockRows>();
+        const FwdItem x = walk.template item<L::kBlockRows>();
+        // An n past N (N odd) reads nothing: its consumers skip the item; the warp still arrives.
+        const bool live = L::kNs == 1 || x.n + nn < p.N;
         float next[kGroup][2];
-        load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n, x.h, 0, lane);
+        if (live) {
+          load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n + nn, x.h, 0, lane);
+        } else {
+          for (int t = 0; t < kGroup; ++t) next[t][0] = next[t][1] = 0.0f;
+        }
         for (int j0 = 0; j0 < plan.k_tiles; j0 += kGroup) {
           float cur[kGroup][2];
           for (int t = 0; t < kGroup; ++t)
             for (int i = 0; i < 2; ++i) cur[t][i] = next[t][i];
-          if (j0 + kGroup < plan.k_tiles) {
-            load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n, x.h,
+          if (live && j0 + kGroup < plan.k_tiles) {
+            load_key_biases<Element, kGroup>(next, p, plan.key_slots, plan.key_single_slot, x.b, x.n + nn, x.h,
                                              j0 + kGroup, lane);
           }
           for (int t = 0; t < kGroup && j0 + t < plan.k_tiles; ++t) {
             const uint32_t it = it0 + j0 + t, s = it % L::kStages;
             if (it >= L::kStages) mbarrier_wait_suspend(&empty[s], (it / L::kStages - 1) & 1);
-            key_bias[s * L::kRows + lane] = cur[t][0] * plan.inv_scale;  // -inf stays -inf
-            key_bias[s * L::kRows + lane + 32] = cur[t][1] * plan.inv_scale;
+            float* const at = key_bias + (s * L::kNs + nn) * L::kRows;
+            at[lane] = cur[t][0] * plan.inv_scale;  // -inf stays -inf
+            at[lane + 32] = cur[t][1] * plan.inv_scale;
             mbarrier_arrive(&full[s]);
           }
         }
@@ -283,6 +307,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
   // ---- consumers ----
   claim_registers<L::kConsumerRegisters>();
   const int c = wg - 1, w = warp % 4, g = lane / 4, t = lane % 4;
+  // This consumer's n of the item and its query tile.
+  const int cn = L::kNs == 1 ? 0 : c / L::kQTiles, cq = L::kNs == 1 ? c : c % L::kQTiles;
   const uint8_t* q_tile = smem + L::kQ + c * L::kSeqTileBytes;
   float acc_o[kHeadDim / 2];
   float s_acc[32];  // y = Q.K + bias / scale of a 64 x 64 tile (init_scores, then the wgmma)
@@ -296,7 +322,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
   uint32_t it0 = 0;
   // This thread's ldmatrix address in its consumer's bias box of stage 0 (a stage adds a whole
   // number of 1024-byte boxes).
-  const uint32_t tile_box = smem_addr(smem + L::kTile + c * L::kBiasTileBytes) + tile_offset(w, lane);
+  const uint32_t tile_box = smem_addr(smem + L::kTile + cq * L::kBiasTileBytes) + tile_offset(w, lane);
+  const float* const my_key_bias = key_bias + cn * L::kRows;  // stage 0's, of this consumer's n
 
   // The descriptors of Q's buffer 0 and of stage 0's K and V; a buffer, a stage or a k-step adds
   // its offset (16-byte units) to the start address field, which no tile in the 227 KB window
@@ -304,21 +331,21 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
   const uint64_t q_desc0 = smem_desc<L::kRowBytes>(q_tile, 16, 8 * L::kRowBytes);
   uint64_t q_desc = q_desc0;     // the item's Q buffer
   uint64_t* q_release = q_empty;  // and its release
-  const uint64_t k_desc = smem_desc<L::kRowBytes>(smem + L::kK, 16, 8 * L::kRowBytes);
-  const uint64_t v_desc = smem_desc<L::kRowBytes>(smem + L::kV, L::kChunkBytes, 8 * L::kRowBytes);
+  const uint64_t k_desc = smem_desc<L::kRowBytes>(smem + L::kK + cn * L::kSeqTileBytes, 16, 8 * L::kRowBytes);
+  const uint64_t v_desc = smem_desc<L::kRowBytes>(smem + L::kV + cn * L::kSeqTileBytes, L::kChunkBytes, 8 * L::kRowBytes);
   auto stage_of = [&](int j) { return (it0 + j) % L::kStages; };
   // mainloop, S = Q K^T of the item's key tile j, its accumulators started at the biases
   // (issued, not waited for)
   auto issue_qk = [&](int j) {
     const uint32_t s = stage_of(j);
     if (plan.has_tile) {
-      init_scores<Element, true>(s_acc, key_bias + s * L::kRows,
-                                 tile_box + s * L::kConsumers * L::kBiasTileBytes, plan.inv_scale, lane);
+      init_scores<Element, true>(s_acc, my_key_bias + s * L::kNs * L::kRows,
+                                 tile_box + s * L::kQTiles * L::kBiasTileBytes, plan.inv_scale, lane);
     } else {
-      init_scores<Element, false>(s_acc, key_bias + s * L::kRows, 0, plan.inv_scale, lane);
+      init_scores<Element, false>(s_acc, my_key_bias + s * L::kNs * L::kRows, 0, plan.inv_scale, lane);
     }
     wgmma_fence();
-    const uint64_t k_stage = k_desc + s * (L::kSeqTileBytes >> 4);
+    const uint64_t k_stage = k_desc + s * (L::kKvStageBytes >> 4);
     for (int ch = 0; ch < L::kChunks; ++ch) {
       for (int kk = 0; kk < L::kChunk / 16; ++kk) {
         const int off = (ch * L::kChunkBytes + kk * 32) >> 4;
@@ -329,7 +356,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
   };
   // mainloop, O += P V of key tile j (issued, not waited for)
   auto issue_pv = [&](int j, const uint32_t (&p_tile)[4][4]) {
-    const uint64_t v_stage = v_desc + stage_of(j) * (L::kSeqTileBytes >> 4);
+    const uint64_t v_stage = v_desc + stage_of(j) * (L::kKvStageBytes >> 4);
     for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, kHeadDim>(acc_o, p_tile[kp], v_stage + ((kp * 16 * L::kRowBytes) >> 4), 1);
     wgmma_commit();
   };
@@ -392,14 +419,16 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
   };
 
   uint32_t local = 0;
-  FwdItemWalk walk(blockIdx.x, gridDim.x, plan, p);
+  FwdItemWalk<L::kNs> walk(blockIdx.x, gridDim.x, plan, p);
   for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++local, it0 += plan.k_tiles, walk.advance(plan, p)) {
-    const FwdItem x = walk.item<L::kBlockRows>();
+    const FwdItem x = walk.template item<L::kBlockRows>();
     const uint32_t qb = local & 1, q_phase = (local >> 1) & 1;
     q_desc = q_desc0 + qb * (L::kQBufferBytes >> 4);
     q_release = &q_empty[qb];
-    if (x.q_block + L::kRows * c >= p.Lq) {
-      // Rows past Lq only (the last q-block of a ragged Lq): keep the ring's count, skip the work.
+    const int n = x.n + cn;
+    if (x.q_block + L::kRows * cq >= p.Lq || (L::kNs == 2 && n >= p.N)) {
+      // Rows past Lq only (the last q-block of a ragged Lq), or an n past N (N odd): keep the
+      // ring's count, skip the work.
       // Q's arrival waits for the item's Q as the others' do: an arrival before it would count
       // towards the previous item's release while the other consumers still read its Q.
       mbarrier_wait(&q_full[qb], q_phase);
@@ -442,25 +471,29 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers>::kThreads, Fwd
 
     // epilogue: O / l and the LSE
     const float inv[2] = {softmax.finish(0), softmax.finish(1)};
-    const int64_t q0 = x.q_block + c * L::kRows + 16 * w;  // this warp's 16 rows
-    Element* o = static_cast<Element*>(p.o) + x.b * p.o_stride.b + x.n * p.o_stride.n + x.h * p.o_stride.h;
+    const int64_t q0 = x.q_block + cq * L::kRows + 16 * w;  // this warp's 16 rows
+    Element* o = static_cast<Element*>(p.o) + x.b * p.o_stride.b + n * p.o_stride.n + x.h * p.o_stride.h;
     store_acc_rows<Element>(warp_tile(acc_o), o, p.o_stride.l, 1, q0, p.Lq, p.D, plan.pairs_o, lane, inv);
     for (int r = 0; r < 2; ++r) {
       const int64_t q = q0 + g + 8 * r;
       if (t == 0 && q < p.Lq && p.lse != nullptr) {
-        p.lse[x.b * p.lse_stride_b + x.n * p.lse_stride_n + x.h * p.lse_stride_h + q * p.lse_stride_q] =
+        p.lse[x.b * p.lse_stride_b + n * p.lse_stride_n + x.h * p.lse_stride_h + q * p.lse_stride_q] =
             row_lse(softmax.row_max[r], softmax.row_sum[r]);
       }
     }
   }
 }
 
-template <typename Element, int kHeadDim, int kConsumers>
+template <typename Element, int kHeadDim, int kConsumers, int kNs>
 cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
-  using L = FwdLayout<kHeadDim, kConsumers>;
+  using L = FwdLayout<kHeadDim, kConsumers, kNs>;
   constexpr size_t kBytes = L::kBytes;
   static_assert(kBytes <= 227 * 1024, "shared memory per block on sm_90");
-  auto* kernel = fwd_kernel<Element, kHeadDim, kConsumers>;
+  // Two n an item read one tile-bias box: a tile that varies along n has no plan here (fwd_usable).
+  if constexpr (L::kNs == 2) {
+    if (plan.has_tile && plan.tile_varies_n) return cudaErrorInvalidValue;
+  }
+  auto* kernel = fwd_kernel<Element, kHeadDim, kConsumers, kNs>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)) return e;
   int sms = 0;
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device)) return e;
@@ -488,7 +521,7 @@ cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream
         });
     if (e != cudaSuccess) return e;
   }
-  const int64_t items = p.B * p.N * p.H * plan.q_blocks, slots = int64_t{sms} * per_sm;  // fwd_usable: below 2^31
+  const int64_t items = p.B * (L::kNs == 1 ? p.N : plan.n_groups) * p.H * plan.q_blocks, slots = int64_t{sms} * per_sm;  // fwd_usable: below 2^31
   const size_t blocks = static_cast<size_t>(items < slots ? items : slots);  // persistent: every block resident
   return launch_kernel(kernel, blocks, L::kThreads, kBytes, stream, plan, p);
 }

@@ -48,39 +48,59 @@ int fwd_consumers(int head_dim_bucket, int64_t Lq) {
   }
   return fwd_consumers_for(head_dim_bucket, Lq);
 }
+
+// fwd_two_n_for, unless the environment variable EVOATTN_EXP_FWD_TWO_N is 0 (never) or 1 (four
+// consumers on two n wherever n_pairs allows), an experiment's switch as above; never where
+// EVOATTN_EXP_FWD_CONSUMERS alone asks for a count.
+bool fwd_two_n(int head_dim_bucket, int64_t Lq, bool n_pairs) {
+  if (const char* asked = std::getenv("EVOATTN_EXP_FWD_TWO_N")) {
+    if (std::strcmp(asked, "0") == 0) return false;
+    if (std::strcmp(asked, "1") == 0) return n_pairs && variants::hopper_fwd_two_n(head_dim_bucket);
+  }
+  if (std::getenv("EVOATTN_EXP_FWD_CONSUMERS") != nullptr) return false;
+  return fwd_two_n_for(head_dim_bucket, Lq, n_pairs);
+}
 }  // namespace
 
-int fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
+FwdShape fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
 #if !defined(EVOATTN_WITH_HOPPER)
   (void)p;
   (void)plan;
-  return 0;
+  return {};
 #else
   const Family family = requested_family();
-  if (family == Family::kPortable || p.D > kMaxHeadDim || !(p.scale >= kFwdMinScale)) return 0;
-  const int bucket = head_dim_bucket(p.D), consumers = fwd_consumers(bucket, p.Lq);
-  const int64_t items = p.B * p.N * p.H * ((p.Lq + 64 * consumers - 1) / (64 * consumers));
+  if (family == Family::kPortable || p.D > kMaxHeadDim || !(p.scale >= kFwdMinScale)) return {};
+  const int bucket = head_dim_bucket(p.D);
+  // Two n share an item's tile-bias boxes where N leaves at most one n in 16 idle and the boxes
+  // do not vary along n.
+  const bool n_pairs = (p.N % 2 == 0 || p.N >= 15) && !(plan.tile_fast_slot >= 0 && plan.tile_single.stride.n != 0);
+  FwdShape shape{fwd_consumers(bucket, p.Lq), 1};
+  if (fwd_two_n(bucket, p.Lq, n_pairs)) shape = {4, 2};
+  const int64_t rows = fwd_item_rows(shape.consumers, shape.ns);
+  const int64_t items = p.B * ((p.N + shape.ns - 1) / shape.ns) * p.H * ((p.Lq + rows - 1) / rows);
   // FwdItemWalk adds two digits below their radix in int32: B, N and H below 2^30 (the q-block
   // count is far below it: 2^30 q-blocks would be 2^37 rows of Q).
   constexpr int64_t kDigitLimit = int64_t{1} << 30;
-  if (items >= (int64_t{1} << 31) || p.B >= kDigitLimit || p.N >= kDigitLimit || p.H >= kDigitLimit) return 0;
+  if (items >= (int64_t{1} << 31) || p.B >= kDigitLimit || p.N >= kDigitLimit || p.H >= kDigitLimit) return {};
   // A block's ring counter (uint32) counts every key tile of its items: it must not wrap.
-  if (items * ((p.Lk + 63) / 64) >= (int64_t{1} << 32)) return 0;
+  if (items * ((p.Lk + 63) / 64) >= (int64_t{1} << 32)) return {};
   const int sms = hopper_sms(p.device);
-  if (sms == 0) return 0;
-  if (family == Family::kAuto && !fwd_auto_prefers_hopper(items, sms)) return 0;
-  if (!tile_takes_tma(p, plan)) return 0;
-  if (p.o_stride.d != 1) return 0;
+  if (sms == 0) return {};
+  if (family == Family::kAuto && !fwd_auto_prefers_hopper(items, sms)) return {};
+  if (!tile_takes_tma(p, plan)) return {};
+  if (p.o_stride.d != 1) return {};
   if (!tma_legal(seq_tensor_shape(p, p.q_stride, p.Lq), p.q) || !tma_legal(seq_tensor_shape(p, p.k_stride, p.Lk), p.k) ||
       !tma_legal(seq_tensor_shape(p, p.v_stride, p.Lk), p.v)) {
-    return 0;
+    return {};
   }
   size_t allowed = 0;
-  return smem_per_block_limit(p.device, &allowed) == cudaSuccess && fwd_smem_bytes(bucket, consumers) <= allowed ? consumers : 0;
+  const bool fits = smem_per_block_limit(p.device, &allowed) == cudaSuccess &&
+                    fwd_smem_bytes(bucket, shape.consumers, shape.ns) <= allowed;
+  return fits ? shape : FwdShape{};
 #endif
 }
 
-cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, int consumers, FwdPlan* out) {
+cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdShape shape, FwdPlan* out) {
   *out = FwdPlan{};
   const int bucket = head_dim_bucket(p.D), chunk = bucket < 64 ? bucket : 64;
   if (cudaError_t e = encode_tma_map(&out->q, seq_tensor_shape(p, p.q_stride, p.Lq), p.q, chunk, 64, chunk * 2)) return e;
@@ -94,8 +114,11 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, int consum
     out->tile_varies_n = t.stride.n != 0;
     out->tile_varies_h = t.stride.h != 0;
   }
-  out->consumers = consumers;
-  out->q_blocks = static_cast<int32_t>((p.Lq + 64 * out->consumers - 1) / (64 * out->consumers));
+  out->consumers = shape.consumers;
+  out->ns = shape.ns;
+  const int64_t rows = fwd_item_rows(shape.consumers, shape.ns);
+  out->q_blocks = static_cast<int32_t>((p.Lq + rows - 1) / rows);
+  out->n_groups = static_cast<int32_t>((p.N + shape.ns - 1) / shape.ns);
   out->k_tiles = static_cast<int32_t>((p.Lk + 63) / 64);
   out->key_slots = plan.key_slots;
   out->key_single_slot = plan.key_single_slot >= 0 && plan.key_single.dtype == p.dtype ? plan.key_single_slot : -1;

@@ -42,13 +42,37 @@ inline int fwd_consumers_for(int head_dim_bucket, int64_t Lq) {
   return 2;
 }
 
+// Whether four consumers take two n of one (b, h) an item, two 64-row query tiles of each, so
+// that a stage's tile-bias boxes serve both n (half the boxes' copies), in place of the count
+// fwd_consumers_for gives: where 128-row items cover Lq with an odd count of them past the first
+// (Lq 257-384, 513-640, ...), which 256-row items pad and three consumers' or two blocks of two
+// cover more slowly (forward -5...-11% at Lq 384, 576 and 640, perf/log.md v73); not where
+// 256-row items fit as tightly (+1...+3% there) or at Lq <= 128 (mixed). `n_pairs`: N even or at
+// least 15 (the one n past an odd N idles 1 / (N + 1) of the consumers), and no tile bias that
+// varies along n (both n read one box).
+inline bool fwd_two_n_for(int head_dim_bucket, int64_t Lq, bool n_pairs) {
+  const int64_t tiles = (Lq + 127) / 128;
+  return n_pairs && variants::hopper_fwd_two_n(head_dim_bucket) && tiles >= 3 && tiles % 2 == 1;
+}
+
+// The Hopper forward's block shape for a call: consumer warpgroups and the n an item covers (one,
+// or two at four consumers: fwd_two_n_for); consumers 0 where the forward does not take the call.
+struct FwdShape {
+  int consumers = 0;
+  int ns = 1;
+};
+// Query rows an item covers of each of its n.
+constexpr int fwd_item_rows(int consumer_count, int ns) { return 64 * consumer_count / ns; }
+
 struct FwdPlan {
   // Q, K, V as [B, N, H, L, D] (coordinates {d, row, h, n, b}) in boxes of 64 rows and at most
   // 64 columns; the tile bias as [B, N, H, Lq, Lk] ({key, query, h, n, b}) in boxes of 64 x 64,
   // size 1 along the dimensions it broadcasts on.
   CUtensorMap q, k, v, tile;
   int32_t consumers;   // fwd_usable's count: 2 to 4
-  int32_t q_blocks;    // ceil(Lq / (64 consumers))
+  int32_t ns;          // n an item: 1, or 2 at four consumers (fwd_two_n_for)
+  int32_t q_blocks;    // ceil(Lq / fwd_item_rows(consumers, ns))
+  int32_t n_groups;    // ceil(N / ns)
   int32_t k_tiles;     // ceil(Lk / 64)
   uint32_t key_slots;  // LaunchPlan::key_slots
   int32_t key_single_slot;  // the only key slot where it holds the inputs' dtype, else -1
@@ -78,13 +102,13 @@ Family requested_family();
 // 32 at Lq = 128: 0.78x; 16 at Lq = 128: 0.96x).
 constexpr bool fwd_auto_prefers_hopper(int64_t items, int sms) { return items >= int64_t{4} * sms; }
 
-// The consumer count (fwd_consumers) the Hopper forward runs this float16 / bfloat16 call with,
-// or 0 where it does not take it. It takes it where the library was built with the
+// The block shape (fwd_consumers, fwd_two_n_for) the Hopper forward runs this float16 / bfloat16
+// call with, consumers 0 where it does not take it. It takes it where the library was built with the
 // Hopper family, the current device has compute capability 9.x, the family asked for is hopper
 // (or auto, where fwd_auto_prefers_hopper), Q, K, V and the tile bias (if any: at most one, the
 // fast tile) are laid out as TMA takes them, O has unit stride along D, the scale is at least
 // kFwdMinScale, and the grid fits (items below 2^31; B, N and H below 2^30; items times key tiles below 2^32).
-int fwd_usable(const FwdParams& p, const LaunchPlan& plan);
+FwdShape fwd_usable(const FwdParams& p, const LaunchPlan& plan);
 
 // The SM count of `device` where it is a GPU of compute capability 9.x and the driver encodes
 // tensor maps (the Hopper kernels can run), else 0.
@@ -97,8 +121,8 @@ bool tile_takes_tma(const FwdParams& p, const LaunchPlan& plan);
 // dimensions it broadcasts on (stride 0).
 TensorShape tile_tensor_shape(const FwdParams& p, const BiasParams& t);
 
-// The plan of such a call with the consumer count fwd_usable gave (its tensor maps encoded here).
-cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, int consumers, FwdPlan* out);
+// The plan of such a call with the block shape fwd_usable gave (its tensor maps encoded here).
+cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdShape shape, FwdPlan* out);
 
 // Stages of the key-tile ring: deep enough that a copy's latency (about a microsecond) hides
 // behind the consumers' work on the tiles before it; three where four would not let two blocks
@@ -109,12 +133,14 @@ constexpr int fwd_stages(int head_dim_bucket, int consumer_count) {
 }
 
 // The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): two
-// buffers of a Q tile per consumer; the stages of K, V, a tile-bias box per consumer and 64 key
-// biases; their mbarriers and Q's four; 1 KB to align the base to 1024 bytes.
-constexpr size_t fwd_smem_bytes(int head_dim_bucket, int consumer_count) {
+// buffers of a Q tile per consumer; the stages of K, V and 64 key biases for each of an item's
+// n and a tile-bias box for each of its query tiles; their mbarriers and Q's four; 1 KB to align
+// the base to 1024 bytes.
+constexpr size_t fwd_smem_bytes(int head_dim_bucket, int consumer_count, int n_count = 1) {
   const size_t seq_tile = size_t{64} * head_dim_bucket * 2;
   const size_t stages = fwd_stages(head_dim_bucket, consumer_count), consumers = consumer_count;
-  return 2 * consumers * seq_tile + stages * (2 * seq_tile + consumers * 64 * 64 * 2 + 64 * 4) +
+  const size_t ns = n_count, query_tiles = consumers / ns;
+  return 2 * consumers * seq_tile + stages * (2 * ns * seq_tile + query_tiles * 64 * 64 * 2 + ns * 64 * 4) +
          (4 + 2 * stages) * 8 + 1024;
 }
 

@@ -13,8 +13,9 @@ namespace evoattn::cuda::hopper {
 
 // float16 / bfloat16, head-dim buckets 16, 32, 64, 128 (D up to the bucket; columns past D are
 // zero in the copies and never stored), kConsumers consumer warpgroups (FwdPlan::consumers; 3
-// only at buckets up to 64): fwd_kernel.cuh.
-template <typename Element, int kHeadDim, int kConsumers>
+// only at buckets up to 64), kNs n an item (FwdPlan::ns; 2 only at four consumers, buckets 16
+// and 32): fwd_kernel.cuh.
+template <typename Element, int kHeadDim, int kConsumers, int kNs>
 cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream);
 
 // float16 / bfloat16, head-dim buckets 16 and 32, kConsumers consumer warpgroups

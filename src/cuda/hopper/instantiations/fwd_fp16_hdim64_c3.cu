@@ -2,5 +2,5 @@
 #include "cuda/hopper/fwd_kernel.cuh"
 
 namespace evoattn::cuda {
-template cudaError_t hopper::run_fwd<__half, 64, 3>(const FwdParams&, const hopper::FwdPlan&, cudaStream_t);
+template cudaError_t hopper::run_fwd<__half, 64, 3, 1>(const FwdParams&, const hopper::FwdPlan&, cudaStream_t);
 }  // namespace evoattn::cuda
