@@ -496,13 +496,15 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
         }
       }
       wgmma_commit();
-      if (qt + 1 < plan.q_tiles) issue_s_dp(it + 1);
-
-      // dV, dK and the next S^T, dP^T done: this step's stage (Q, dO, the tile box, the
-      // statistics) is released and P^T's registers are free.
-      wgmma_wait<0>();
-      fence_registers(s_acc);
-      fence_registers(dp_acc);
+      // dV and dK done (the next S^T, dP^T may still run): this step's stage (Q, dO, the tile box,
+      // the statistics) is released and P^T's registers are free, so the producer refills the
+      // stage and the dQ turn starts while the next step's products run.
+      if (qt + 1 < plan.q_tiles) {
+        issue_s_dp(it + 1);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
       fence_registers(dv_acc);
       fence_registers(dk_acc);
       fence_proxy_async();
@@ -510,6 +512,10 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
 
       // dQ(tile) += dS K by the consumer whose turn it is (with a dQ warpgroup, that one's).
       if (!L::kDqGroup && it % kC == c) dq_step(it, kb, qt, kvs, c, kC);
+      // The next S^T, dP^T.
+      wgmma_wait<0>();
+      fence_registers(s_acc);
+      fence_registers(dp_acc);
     }
     const int64_t* off = out_offsets + 3 * kvs;
     Element* dk = static_cast<Element*>(p.dk) + off[1];
