@@ -76,8 +76,7 @@ FwdShape fwd_usable(const FwdParams& p, const LaunchPlan& plan) {
   const bool n_pairs = (p.N % 2 == 0 || p.N >= 15) && !(plan.tile_fast_slot >= 0 && plan.tile_single.stride.n != 0);
   FwdShape shape{fwd_consumers(bucket, p.Lq), 1};
   if (fwd_two_n(bucket, p.Lq, n_pairs)) shape = {4, 2};
-  const int64_t rows = fwd_item_rows(shape.consumers, shape.ns);
-  const int64_t items = p.B * ((p.N + shape.ns - 1) / shape.ns) * p.H * ((p.Lq + rows - 1) / rows);
+  const int64_t items = p.B * fwd_n_groups(p.N, shape) * p.H * fwd_q_blocks(p.Lq, shape);
   // FwdItemWalk adds two digits below their radix in int32: B, N and H below 2^30 (the q-block
   // count is far below it: 2^30 q-blocks would be 2^37 rows of Q).
   constexpr int64_t kDigitLimit = int64_t{1} << 30;
@@ -116,9 +115,8 @@ cudaError_t make_fwd_plan(const FwdParams& p, const LaunchPlan& plan, FwdShape s
   }
   out->consumers = shape.consumers;
   out->ns = shape.ns;
-  const int64_t rows = fwd_item_rows(shape.consumers, shape.ns);
-  out->q_blocks = static_cast<int32_t>((p.Lq + rows - 1) / rows);
-  out->n_groups = static_cast<int32_t>((p.N + shape.ns - 1) / shape.ns);
+  out->q_blocks = static_cast<int32_t>(fwd_q_blocks(p.Lq, shape));
+  out->n_groups = static_cast<int32_t>(fwd_n_groups(p.N, shape));
   out->k_tiles = static_cast<int32_t>((p.Lk + 63) / 64);
   out->key_slots = plan.key_slots;
   out->key_single_slot = plan.key_single_slot >= 0 && plan.key_single.dtype == p.dtype ? plan.key_single_slot : -1;

@@ -63,6 +63,13 @@ struct FwdShape {
 };
 // Query rows an item covers of each of its n.
 constexpr int fwd_item_rows(int consumer_count, int ns) { return 64 * consumer_count / ns; }
+// The items' extents along Lq (q-blocks of fwd_item_rows) and N (groups of `ns` n) for a call of
+// this shape: fwd_usable bounds their product, make_fwd_plan hands them to the kernel's walk.
+constexpr int64_t fwd_q_blocks(int64_t Lq, FwdShape shape) {
+  const int64_t rows = fwd_item_rows(shape.consumers, shape.ns);
+  return (Lq + rows - 1) / rows;
+}
+constexpr int64_t fwd_n_groups(int64_t N, FwdShape shape) { return (N + shape.ns - 1) / shape.ns; }
 
 struct FwdPlan {
   // Q, K, V as [B, N, H, L, D] (coordinates {d, row, h, n, b}) in boxes of 64 rows and at most
