@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   constexpr int kC = L::kConsumers, kS = L::kStages;
   constexpr bool kDqPool = bwd_dq_pool_compiled(kHeadDim);
   constexpr bool kDkFromRegisters = bwd_dk_from_registers(kHeadDim, kConsumers);
+  constexpr bool kKvFromRegisters = bwd_kv_from_registers(kHeadDim, kConsumers);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
@@ -405,9 +406,19 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
   // the 16-byte chunk XOR the row's low three bits (the 128-byte swizzle).
   const uint32_t ds_row = smem_addr(smem + L::kDs) + (64 * c + 16 * w + 8 * (m & 1) + lane % 8) * 128;
 
+  // This thread's ldmatrix row of this consumer's K or V box (A fragments of warp w's 16 keys:
+  // matrices of rows 0-7 and 8-15, then the next 8 columns) and its 16-byte chunk at k-step 0,
+  // swizzled as TMA wrote the box (rows kRowBytes wide: the chunk XOR the address's bits from 7).
+  const uint32_t kv_row = (16 * w + lane % 8 + 8 * ((lane / 8) & 1)) * L::kRowBytes + 16 * (lane / 16);
+  auto kv_fragment = [&](uint32_t (&a)[4], int box, int kk) {
+    const uint32_t off = kv_row + 32 * kk;
+    ldmatrix_x4(a, smem_addr(smem + box) + c * L::kSeqBytes + (off ^ ((off >> 3) & (L::kRowBytes - 16))));
+  };
+
   float s_acc[32], dp_acc[32], dk_acc[kHalf], dv_acc[kHalf];
   for (int i = 0; i < 32; ++i) s_acc[i] = dp_acc[i] = 0.0f;
   uint32_t pa[4][4], da[4][4];  // P^T and dS^T packed: the register A operands of dV and dK
+  uint32_t ka[kHeadDim / 16][4], va[kHeadDim / 16][4];  // K and V rows (kKvFromRegisters)
 
   int kv_it = 0, it0 = 0;
   for (int bnh = blockIdx.x; bnh < items; bnh += gridDim.x, it0 += plan.k_blocks * plan.q_tiles) {
@@ -419,16 +430,30 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
     for (int i = 0; i < kHalf; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
 
     const uint32_t kv_off = kvs * (L::kKvStageBytes >> 4);
+    if constexpr (kKvFromRegisters) {
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        kv_fragment(ka[kk], L::kK + kvs * L::kKvStageBytes, kk);
+        kv_fragment(va[kk], L::kV + kvs * L::kKvStageBytes, kk);
+      }
+    }
     // mainloop: S^T = K Q^T, dP^T = V dO^T of step `it` (issued once its stage has landed)
     auto issue_s_dp = [&](int it) {
       const int s = it % kS;
       mbarrier_wait(&full[s], (it / kS) & 1);
       const uint32_t seq_off = s * (L::kSeqBytes >> 4);
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        wgmma_ss<Element, 64>(s_acc, k_desc + kv_off + 2 * kk, q_desc + seq_off + 2 * kk, kk);
+        if constexpr (kKvFromRegisters) {
+          wgmma_rs<Element, 64, 0>(s_acc, ka[kk], q_desc + seq_off + 2 * kk, kk);
+        } else {
+          wgmma_ss<Element, 64>(s_acc, k_desc + kv_off + 2 * kk, q_desc + seq_off + 2 * kk, kk);
+        }
       }
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        wgmma_ss<Element, 64>(dp_acc, v_desc + kv_off + 2 * kk, do_desc + seq_off + 2 * kk, kk);
+        if constexpr (kKvFromRegisters) {
+          wgmma_rs<Element, 64, 0>(dp_acc, va[kk], do_desc + seq_off + 2 * kk, kk);
+        } else {
+          wgmma_ss<Element, 64>(dp_acc, v_desc + kv_off + 2 * kk, do_desc + seq_off + 2 * kk, kk);
+        }
       }
       wgmma_commit();
     };

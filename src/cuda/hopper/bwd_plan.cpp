@@ -57,11 +57,9 @@ bool bwd_dq_global(const BwdParams& p, const LaunchPlan& plan, int sms) {
   if (blocks * plan.q_tiles * 64 * bucket > int64_t{plan.dq_slots} * p.Lq * plan.dq_width) return false;
   const char* asked = std::getenv("EVOATTN_EXP_BWD_DQ_GLOBAL");
   if (asked != nullptr && std::strcmp(asked, "1") == 0) return true;
-  const bool smem_short = bwd_smem_bytes(bucket, 2, plan.q_tiles) > size_t{227} * 1024;
-  if (asked != nullptr && std::strcmp(asked, "0") == 0) return smem_short;
-  // Where the shared-memory dQ does not fit, or the pool makes room for more consumers.
-  return smem_short ||
-         bwd_consumers_for(bucket, plan.q_tiles, p.Lk, true) > bwd_consumers_for(bucket, plan.q_tiles, p.Lk, false);
+  // Where the shared-memory dQ does not fit. Where it fits, two consumers with it (and bucket 32's
+  // dQ warpgroup) beat three on the pool (tri768: docs/perf/log.md v79).
+  return bwd_smem_bytes(bucket, 2, plan.q_tiles) > size_t{227} * 1024;
 }
 #endif
 

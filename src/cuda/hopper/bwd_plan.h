@@ -43,6 +43,13 @@ struct BwdPlan {
 // their wgmma (C7512), so they read it from shared memory.
 EVOATTN_HOST_DEVICE constexpr bool bwd_dk_from_registers(int bucket, int consumers) { return consumers == 2 || bucket == 16; }
 
+// Whether the dK/dV/dQ consumers hold their key block's K and V rows in registers (bucket / 2 a
+// thread, read once by ldmatrix) as the A operands of S^T = K Q^T and dP^T = V dO^T, which
+// otherwise read them from shared memory every step: 64 of the about 700 shared-memory
+// wavefronts a step at bucket 32 (perf log v76). Two consumers at buckets 16 and 32: three
+// consumers, or bucket 64's 32 more registers, spill.
+EVOATTN_HOST_DEVICE constexpr bool bwd_kv_from_registers(int bucket, int consumers) { return consumers == 2 && bucket <= 32; }
+
 // Whether the dK/dV/dQ kernel gives every step's dQ += dS K to a warpgroup of its own (80
 // registers), where the consumers took turns at it: two consumers at head-dim bucket 32
 // (with three, or at bucket 64's 64 registers of dK and dV, the consumers' registers would not
@@ -112,9 +119,8 @@ constexpr bool bwd_auto_prefers_hopper(int bucket, int64_t items, int sms) {
 // query tiles or more (a turn's tile is copied ahead after the same consumer's previous turn's
 // wait, which orders it after the tile's last write only where there are more query tiles than
 // consumers), and either the shared-memory dQ does not fit (Lq above 832 at head-dim bucket 32),
-// or the pool makes room for three consumers where two would run (tri768), or
-// EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch; =0 keeps the dQ in shared memory
-// wherever it fits). Asked once a call, by the dispatch's bwd_launch_plan (LaunchPlan::hopper_dkdv
+// or EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch; any other value is the
+// default: the dQ in shared memory wherever it fits). Asked once a call, by the dispatch's bwd_launch_plan (LaunchPlan::hopper_dkdv
 // and hopper_dq_pool), which then clears delta_in_dkdv (the portable key-pair dK/dV's, which does
 // not run): Delta comes from the row statistics.
 bool bwd_usable(const BwdParams& p, const LaunchPlan& plan, bool* dq_pool = nullptr);
