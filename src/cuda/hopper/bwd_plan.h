@@ -46,9 +46,10 @@ EVOATTN_HOST_DEVICE constexpr bool bwd_dk_from_registers(int bucket, int consume
 // Whether the dK/dV/dQ consumers hold their key block's K and V rows in registers (bucket / 2 a
 // thread, read once by ldmatrix) as the A operands of S^T = K Q^T and dP^T = V dO^T, which
 // otherwise read them from shared memory every step: 64 of the about 700 shared-memory
-// wavefronts a step at bucket 32 (perf log v76). Two consumers at buckets 16 and 32: three
-// consumers, or bucket 64's 32 more registers, spill.
-EVOATTN_HOST_DEVICE constexpr bool bwd_kv_from_registers(int bucket, int consumers) { return consumers == 2 && bucket <= 32; }
+// wavefronts a step at bucket 32 (perf log v76; backward −1.4…−1.8% at two consumers, v79).
+// Two consumers at bucket 32 only: at 16 (one k-step) it was 0.5% slower, and three consumers,
+// or bucket 64's 32 more registers, spill.
+EVOATTN_HOST_DEVICE constexpr bool bwd_kv_from_registers(int bucket, int consumers) { return consumers == 2 && bucket == 32; }
 
 // Whether the dK/dV/dQ kernel gives every step's dQ += dS K to a warpgroup of its own (80
 // registers), where the consumers took turns at it: two consumers at head-dim bucket 32
