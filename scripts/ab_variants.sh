@@ -66,7 +66,7 @@ read -r -a runs <<< "${names[*]} ${AB_ENV:-}"
 # A run's version (before ':') and its environment assignment (after it, if any).
 version() { echo "${1%%:*}"; }
 assignment() { [[ $1 == *:* ]] && echo "${1#*:}" | tr ',' ' '; }
-file_of() { echo "$OUT/bench_${1//[^A-Za-z0-9_.=-]/_}.txt"; }
+file_of() { echo "$OUT/bench_${1//[^A-Za-z0-9_.-]/_}.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 TESTS=${TESTS:-1}
 # One timing round of run $1: the suite's table rows, or with SHAPES_FILE (a shape a line, as
