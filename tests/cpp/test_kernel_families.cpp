@@ -532,7 +532,8 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_EQ(bwd_consumers_for(32, 8, 512), 2);   // msacol: the running dQ does not fit
   EXPECT_EQ(bwd_consumers_for(32, 12, 768), 2);  // tri768
   // With the running dQ in the workspace (hopper_dq_pool), a staging tile a consumer in its place:
-  // three consumers at tri768, and any Lq fits.
+  // three consumers would fit at tri768 (the pool is taken there only when asked for: two in
+  // shared memory are faster, docs/perf/log.md v79), and any Lq fits.
   EXPECT_LE(bwd_smem_bytes(32, 3, 12, true), size_t{227} * 1024);
   EXPECT_LE(bwd_smem_bytes(32, 2, 1000, true), size_t{227} * 1024);
   EXPECT_EQ(bwd_consumers_for(32, 12, 768, true), 3);
