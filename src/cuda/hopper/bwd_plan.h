@@ -121,9 +121,9 @@ constexpr bool bwd_auto_prefers_hopper(int bucket, int64_t items, int sms) {
 // wait, which orders it after the tile's last write only where there are more query tiles than
 // consumers), and either the shared-memory dQ does not fit (Lq above 832 at head-dim bucket 32),
 // or EVOATTN_EXP_BWD_DQ_GLOBAL=1 asks for it (an experiment switch; any other value is the
-// default: the dQ in shared memory wherever it fits). Asked once a call, by the dispatch's bwd_launch_plan (LaunchPlan::hopper_dkdv
-// and hopper_dq_pool), which then clears delta_in_dkdv (the portable key-pair dK/dV's, which does
-// not run): Delta comes from the row statistics.
+// default: the dQ in shared memory wherever it fits). Asked once a call, by the dispatch's
+// bwd_launch_plan (LaunchPlan::hopper_dkdv and hopper_dq_pool), which then clears delta_in_dkdv
+// (the portable key-pair dK/dV's, which does not run): Delta comes from the row statistics.
 bool bwd_usable(const BwdParams& p, const LaunchPlan& plan, bool* dq_pool = nullptr);
 
 // Head-dim buckets whose dK/dV/dQ kernel is compiled with the workspace's running-dQ pool (16 and
