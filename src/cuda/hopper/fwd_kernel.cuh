@@ -140,6 +140,13 @@ struct FwdItem {
   int q_block, h, n, b;
 };
 
+// The item grid's n extent: N at one n an item, the n groups (FwdPlan::n_groups, fwd_n_groups)
+// at two. The one-n kernels read p.N, as they were measured (plan.n_groups holds N there too).
+template <int kNs>
+__host__ __device__ __forceinline__ int64_t fwd_item_ns(const FwdPlan& plan, const FwdParams& p) {
+  return kNs == 1 ? p.N : plan.n_groups;
+}
+
 // A block's walk over its items first, first + G, first + 2G, ... (G = gridDim.x): the item's
 // coordinates as the digits of a mixed radix (the q-block's index fastest, then h, n or with two
 // n an item the n group (FwdPlan::n_groups), b), advanced by adding G's digits with their carries
@@ -160,7 +167,7 @@ struct FwdItemWalk {
     return {q * kBlockRows, h, n * kNs, b};
   }
   __device__ __forceinline__ void advance(const FwdPlan& plan, const FwdParams& p) {
-    const int H = static_cast<int>(p.H), N = kNs == 1 ? static_cast<int>(p.N) : plan.n_groups;
+    const int H = static_cast<int>(p.H), N = static_cast<int>(fwd_item_ns<kNs>(plan, p));
     q += dq;
     int carry = q >= plan.q_blocks;
     q -= carry ? plan.q_blocks : 0;
@@ -176,7 +183,7 @@ struct FwdItemWalk {
  private:
   __device__ __forceinline__ static void digits(uint32_t item, const FwdPlan& plan, const FwdParams& p, int& q,
                                                 int& h, int& n, int& b) {
-    const uint32_t H = static_cast<uint32_t>(p.H), N = static_cast<uint32_t>(kNs == 1 ? p.N : plan.n_groups);
+    const uint32_t H = static_cast<uint32_t>(p.H), N = static_cast<uint32_t>(fwd_item_ns<kNs>(plan, p));
     q = static_cast<int>(item % static_cast<uint32_t>(plan.q_blocks));
     item /= static_cast<uint32_t>(plan.q_blocks);
     h = static_cast<int>(item % H);
@@ -208,7 +215,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
   // A persistent grid: block x takes items x, x + gridDim.x, ...; the ring's tile counter runs on
   // across them (the item's i-th tile is the block's it0 + i-th), so the producer copies the next
   // item's first tiles while the consumers finish this one.
-  const uint32_t items = static_cast<uint32_t>(p.B * (L::kNs == 1 ? p.N : plan.n_groups) * p.H) * plan.q_blocks;
+  const uint32_t items = static_cast<uint32_t>(p.B * fwd_item_ns<L::kNs>(plan, p) * p.H) * plan.q_blocks;
 
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
@@ -521,7 +528,7 @@ cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream
         });
     if (e != cudaSuccess) return e;
   }
-  const int64_t items = p.B * (L::kNs == 1 ? p.N : plan.n_groups) * p.H * plan.q_blocks, slots = int64_t{sms} * per_sm;  // fwd_usable: below 2^31
+  const int64_t items = p.B * fwd_item_ns<L::kNs>(plan, p) * p.H * plan.q_blocks, slots = int64_t{sms} * per_sm;  // fwd_usable: below 2^31
   const size_t blocks = static_cast<size_t>(items < slots ? items : slots);  // persistent: every block resident
   return launch_kernel(kernel, blocks, L::kThreads, kBytes, stream, plan, p);
 }
