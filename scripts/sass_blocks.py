@@ -3,19 +3,23 @@
 matmuls, shared-memory and barrier instructions: the static counts a change's prediction starts
 from (instructions a step, where the loop's back edges go), read without a GPU.
 
-  usage: scripts/sass_blocks.py FILE [--kernel REGEX] [--sum A-B ...]
-    FILE     a cubin, or a Hopper instantiation (.cu), compiled here for sm_90a as
-             tools/check_wgmma_async.sh compiles it
-    --kernel the functions whose demangled name matches REGEX (default: every function)
-    --sum    instead of the blocks, the instructions in each address range A-B (hex, both ends
-             in), and their total: a path through the blocks, e.g. a loop's common case
+  usage: scripts/sass_blocks.py FILE [--kernel REGEX] [--sum A-B ... | --against OTHER]
+    FILE      a cubin, or a Hopper instantiation (.cu), compiled here for sm_90a as
+              tools/check_wgmma_async.sh compiles it
+    --kernel  the functions whose demangled name matches REGEX (default: every function)
+    --sum     instead of the blocks, the instructions in each address range A-B (hex, both ends
+              in), and their total: a path through the blocks, e.g. a loop's common case
+    --against instead of the blocks, how each opcode's count differs from OTHER's (a cubin or
+              .cu, e.g. main's build of the same instantiation), function by function
   Needs cuobjdump (CUOBJDUMP, PATH or CUDA's bin; without a GPU driver the PyPI wheel
   nvidia-cuda-cuobjdump has it) and c++filt for the names.
 """
 import argparse
+import collections
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,6 +47,7 @@ def find_cuobjdump():
 def cubin_of(path, tmp):
     if not path.endswith('.cu'):
         return path
+    os.makedirs(tmp, exist_ok=True)
     out = os.path.join(tmp, 'k.cubin')
     subprocess.run([os.environ.get('NVCC', 'nvcc'), '-std=c++17', '-O3', '-I', os.path.join(ROOT, 'include'), '-I',
                     os.path.join(ROOT, 'src'), '--generate-code=arch=compute_90a,code=[sm_90a]', '-cubin', '-o', out,
@@ -105,17 +110,27 @@ def counts(instrs):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('file')
     ap.add_argument('--kernel', default='')
     ap.add_argument('--sum', nargs='+', default=[])
+    ap.add_argument('--against')
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         funcs = functions(cubin_of(args.file, tmp))
+        others = dict(functions(cubin_of(args.against, os.path.join(tmp, 'o')))) if args.against else {}
     for name, body in funcs:
         if not re.search(args.kernel, name) or not body:
             continue
         print(f'{name}: {len(body)} instructions')
+        if args.against:
+            other = others.get(name, [])
+            mine, theirs = (collections.Counter(opcode(t) for _, t in b) for b in (body, other))
+            print(f'  against {len(other)}: ' + ', '.join(f'{op} {mine[op] - theirs[op]:+d}'
+                  for op in sorted(set(mine) | set(theirs), key=lambda o: -abs(mine[o] - theirs[o]))
+                  if mine[op] != theirs[op]))
+            continue
         if args.sum:
             total = 0
             for r in args.sum:
