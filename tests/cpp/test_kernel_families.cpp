@@ -244,6 +244,21 @@ std::vector<std::vector<double>> backward(const std::string& family, const Tenso
 }
 
 // Largest |a - b| over the largest |b|, at least 1.
+// The largest gap of two bfloat16 results in rounding steps of the larger value of each pair
+// (2^-7 of its power of two), where gaps below 1e-5 of the largest value count as none.
+double bf16_roundings_apart(const std::vector<double>& a, const std::vector<double>& b) {
+  double largest = 0.0, worst = 0.0;
+  for (size_t e = 0; e < a.size(); ++e) largest = std::max({largest, std::fabs(a[e]), std::fabs(b[e])});
+  for (size_t e = 0; e < a.size(); ++e) {
+    const double gap = std::fabs(a[e] - b[e]);
+    if (std::isnan(gap)) return gap;  // fails the caller's <=
+    if (gap <= 1e-5 * largest) continue;
+    const double step = std::ldexp(1.0, std::ilogb(std::max(std::fabs(a[e]), std::fabs(b[e]))) - 7);
+    worst = std::max(worst, gap / step);
+  }
+  return worst;
+}
+
 double relative_gap(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0.0, largest = 0.0;
   for (size_t e = 0; e < a.size(); ++e) {
@@ -379,10 +394,14 @@ size_t hopper_pair_bias_piece_bytes(int64_t B, int64_t N, int64_t L, int64_t H, 
 // 32 tiles among four blocks each at D 48, where N = 128 leaves the pieces room beside the running
 // dQ's 400 slots); and rows whose exponent takes the general form (a row max
 // beyond 64 in the log2 domain: query rows 64-79 of every head biased by +120, and every row of
-// n = 1 masked by -1e9), beside warps that take the factored one. Against the portable kernels,
-// and bit for bit the same on a second run. (Shapes whose workspace holds the pieces of 66
-// workers or more: the kernel runs only there; HopperPlan.PairBiasFamilyCasesLeaveTheKernelRoom
-// checks it on the host.)
+// n = 1 masked by -1e9), beside warps that take the factored one, and rows 16-23 biased by +50
+// (the general form where the sums are not over the tile's 2^(T - ref), the factored one where
+// they are). Against the portable kernels, and bit for bit the same on a second run; the sums over
+// 2^(T - ref) (TileSums) against the kernel's sums without them (EVOATTN_EXP_PAIR_BIAS_OVER_TILE=0)
+// within one bfloat16 rounding of each value (the float32 sums differ by about 1e-6 of the
+// largest: docs/perf/pair-bias-over-tile-model.py). (Shapes whose workspace holds the
+// pieces of 66 workers or more: the kernel runs only there;
+// HopperPlan.PairBiasFamilyCasesLeaveTheKernelRoom checks it on the host.)
 TEST_P(HopperPairBiasGradient, AgreesWithThePortableOneOverItsSplits) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
   const PairBiasCase& c = GetParam();
@@ -393,6 +412,7 @@ TEST_P(HopperPairBiasGradient, AgreesWithThePortableOneOverItsSplits) {
     for (size_t e = 0; e < pb.size(); ++e) {
       const int64_t i = static_cast<int64_t>(e / c.L) % c.L;
       if (i >= 64 && i < 80) pb[e] += 120.0;
+      if (i >= 16 && i < 24) pb[e] += 50.0;
     }
     std::vector<double> mb = util::to_doubles(in.mb.to(EVOATTN_DEVICE_CPU).view);  // [B, N, 1, 1, L]
     for (int64_t k = 0; k < c.L; ++k) mb[static_cast<size_t>(c.L + k)] = -1e9;  // b = 0, n = 1
@@ -408,9 +428,15 @@ TEST_P(HopperPairBiasGradient, AgreesWithThePortableOneOverItsSplits) {
   const auto again = backward("hopper", d_o, in);
   const auto portable = backward("portable", d_o, in);
   const auto automatic = backward("auto", d_o, in);
+  std::vector<std::vector<double>> not_over_tile;
+  {
+    const ScopedEnv env("EVOATTN_EXP_PAIR_BIAS_OVER_TILE", "0");
+    not_over_tile = backward("hopper", d_o, in);
+  }
   EXPECT_NE(hopper[3], portable[3]) << "the switch did not change the pair-bias gradient";
   EXPECT_LE(relative_gap(hopper[3], portable[3]), 2e-2);
   EXPECT_EQ(hopper, again) << "not deterministic";
+  EXPECT_LE(bf16_roundings_apart(hopper[3], not_over_tile[3]), 1.0) << "the sums over 2^(T - ref)";
   // Auto: one of the two, bit for bit; the portable one below 32 tiles.
   const int64_t tiles = c.B * c.H * ((c.L + 127) / 128) * ((c.L + 127) / 128);
   if (cuda::hopper::pair_bias_auto_prefers_hopper(tiles)) {

@@ -73,44 +73,150 @@ struct PairBiasLayout {
   static_assert(kSeq % 1024 == 0 && kStageBytes % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms stay aligned");
 };
 
-// acc += P (dP - Delta) of one thread's 16 scores of the 32 keys from 16 kFirst of a 64-key half
-// (queries g, g + 8 of its warp's rows; keys 16 kFirst + 8j + 2t, + 1), x the score in the log2
-// domain. kFactored: P (dP - Delta) =
-// 2^x (c dP + d), c = 2^-m, d = -Delta c per row (one FFMA where x - m and dP - Delta took two
-// FADDs), for warps whose rows all have -32 <= m <= 64 and no log-sum: 2^x <= 2^m does not
-// overflow, c <= 2^32 leaves c dP finite up to |dP| of 2^96, and the terms 2^x flushes (x < -126)
-// have P < 2^-94. Otherwise P = 2^((x - row max) - row log-sum), as every kernel.
-// bias_row: the thread's ldmatrix row of the half's pair-bias box (m = lane / 8 its matrix), whose
-// 16 keys 16jj.. are read as they are used (register x4 m: row g + 8 (m & 1), keys
-// 16jj + 8 (m >> 1) + 2t, + 1); key: the half's key biases x log2 e; row_max, log_sum, delta, and
-// the factored form's c, d: the thread's two rows' (computed once a unit by the caller).
-template <typename Element, bool kFactored, int kFirst>
-__device__ __forceinline__ void pair_bias_sums(float (&acc)[16], const float (&s)[16], const float (&dp)[16],
-                                               uint32_t bias_row, int m, int lane, const float* key,
-                                               const float (&row_max)[2], const float (&log_sum)[2],
-                                               const float (&delta)[2], const float (&c)[2], const float (&d)[2],
-                                               float scale_log2, int t) {
+// The thread's 16 pair-bias values of the 32 keys from 16 kFirst of a 64-key half, from the half's
+// box: bias_row is the thread's ldmatrix row (m = lane / 8 its matrix), whose 16 keys 16jj.. are
+// read as they are used (register x4 m: row g + 8 (m & 1), keys 16jj + 8 (m >> 1) + 2t, + 1).
+// f(j, tb) takes key pair j's (keys 16 kFirst + 8j + 2t, + 1) values of rows g and g + 8.
+template <typename Element, int kFirst, typename F>
+__device__ __forceinline__ void for_tile_bias(uint32_t bias_row, int m, int lane, F&& f) {
   for (int jj = 0; jj < 2; ++jj) {
     uint32_t bias[4];
     ldmatrix_x4(bias, bias_row + (((2 * (kFirst + jj) + (m >> 1)) ^ (lane % 8)) * 16));
     for (int j = 2 * jj; j < 2 * jj + 2; ++j) {
-      const float2 kb = *reinterpret_cast<const float2*>(key + 16 * kFirst + 8 * j + 2 * t);
-      for (int r = 0; r < 2; ++r) {
-        const int i = 4 * j + 2 * r;
-        const float2 tb = unpack2<Element>(bias[(j & 1) * 2 + r]);
-        const float x0 = score_log2(s[i], scale_log2, kb.x, tb.x);
-        const float x1 = score_log2(s[i + 1], scale_log2, kb.y, tb.y);
-        if constexpr (kFactored) {
-          acc[i] = fmaf(exp2_approx(x0), fmaf(dp[i], c[r], d[r]), acc[i]);
-          acc[i + 1] = fmaf(exp2_approx(x1), fmaf(dp[i + 1], c[r], d[r]), acc[i + 1]);
-        } else {
-          acc[i] = fmaf(exp2_approx((x0 - row_max[r]) - log_sum[r]), dp[i] - delta[r], acc[i]);
-          acc[i + 1] = fmaf(exp2_approx((x1 - row_max[r]) - log_sum[r]), dp[i + 1] - delta[r], acc[i + 1]);
-        }
-      }
+      const float2 tb[2] = {unpack2<Element>(bias[(j & 1) * 2]), unpack2<Element>(bias[(j & 1) * 2 + 1])};
+      f(j, tb);
     }
   }
 }
+
+// A unit's rows' statistics as the sums take them (the thread's two rows): row_max, log_sum,
+// delta; the factored form's c = 2^(ref - m) and d = -Delta c (kOverTile: ref the row's tile
+// reference, TileSums; else 0).
+struct SumRows {
+  float row_max[2], log_sum[2], delta[2];
+  float c[2], d[2];
+};
+
+// acc += P (dP - Delta) of one thread's 16 scores of the 32 keys from 16 kFirst of a 64-key half
+// (queries g, g + 8 of its warp's rows; keys 16 kFirst + 8j + 2t, + 1), x the score in the log2
+// domain, x = x' + T with x' = S scale log2 e + key bias log2 e and T = tile bias log2 e.
+// kFactored: P (dP - Delta) = 2^x (c dP + d), c = 2^-m, d = -Delta c per row (one FFMA where
+// x - m and dP - Delta took two FADDs), for warps whose rows all have -32 <= m <= 64 and no
+// log-sum: 2^x <= 2^m does not overflow, c <= 2^32 leaves c dP finite up to |dP| of 2^96, and the
+// terms 2^x flushes (x < -126) have P < 2^-94. Otherwise P = 2^((x - row max) - row log-sum), as
+// every kernel.
+// kOverTile: acc holds the sums over 2^(T - ref) (TileSums), so T leaves the sum over n: the
+// factored form is 2^x' (c dP + d) with c = 2^(ref - m), and reads no pair bias; the general form
+// is P (dP - Delta) 2^(ref - T), P as above.
+// key: the half's key biases x log2 e.
+template <typename Element, bool kFactored, bool kOverTile, int kFirst>
+__device__ __forceinline__ void pair_bias_sums(float (&acc)[16], const float (&s)[16], const float (&dp)[16],
+                                               uint32_t bias_row, int m, int lane, const float* key,
+                                               const SumRows& rs, const float (&ref)[2], float scale_log2, int t) {
+  auto key_pair = [&](int j) { return *reinterpret_cast<const float2*>(key + 16 * kFirst + 8 * j + 2 * t); };
+  if constexpr (kFactored && kOverTile) {
+    for (int j = 0; j < 4; ++j) {
+      const float2 kb = key_pair(j);
+      for (int r = 0; r < 2; ++r) {
+        const int i = 4 * j + 2 * r;
+        acc[i] = fmaf(exp2_approx(score_log2(s[i], scale_log2, kb.x)), fmaf(dp[i], rs.c[r], rs.d[r]), acc[i]);
+        acc[i + 1] = fmaf(exp2_approx(score_log2(s[i + 1], scale_log2, kb.y)), fmaf(dp[i + 1], rs.c[r], rs.d[r]),
+                          acc[i + 1]);
+      }
+    }
+  } else {
+    for_tile_bias<Element, kFirst>(bias_row, m, lane, [&](int j, const float2 (&tb)[2]) {
+      const float2 kb = key_pair(j);
+      for (int r = 0; r < 2; ++r) {
+        const int i = 4 * j + 2 * r;
+        const float x0 = score_log2(s[i], scale_log2, kb.x, tb[r].x);
+        const float x1 = score_log2(s[i + 1], scale_log2, kb.y, tb[r].y);
+        if constexpr (kFactored) {
+          acc[i] = fmaf(exp2_approx(x0), fmaf(dp[i], rs.c[r], rs.d[r]), acc[i]);
+          acc[i + 1] = fmaf(exp2_approx(x1), fmaf(dp[i + 1], rs.c[r], rs.d[r]), acc[i + 1]);
+        } else {
+          float p0 = exp2_approx((x0 - rs.row_max[r]) - rs.log_sum[r]);
+          float p1 = exp2_approx((x1 - rs.row_max[r]) - rs.log_sum[r]);
+          if constexpr (kOverTile) {
+            p0 *= exp2_approx(fmaf(tb[r].x, -kLog2e, ref[r]));
+            p1 *= exp2_approx(fmaf(tb[r].y, -kLog2e, ref[r]));
+          }
+          acc[i] = fmaf(p0, dp[i] - rs.delta[r], acc[i]);
+          acc[i + 1] = fmaf(p1, dp[i + 1] - rs.delta[r], acc[i + 1]);
+        }
+      }
+    });
+  }
+}
+
+// Whether a warp sums a tile over n in units of 2^(T - ref) (kOverTile above), and its rows'
+// references: the pair bias T (log2 e units) does not depend on n, so d(pair bias) =
+// 2^(T - ref) sum_n 2^(x' - (m - ref)) (dP - Delta), and the sum's every term skips T's read,
+// unpack and add. ref = the row's largest T over the quarter's keys below Lk; taken where every
+// row of the warp has all its T within 32 of ref (finite): the terms are then P 2^(ref - T) <=
+// 2^32 P, and a unit takes the factored form where -64 <= ref - m <= 32 (2^x' <= 2^(m - ref + 32)
+// <= 2^96, c = 2^(ref - m) <= 2^32, and the flushed terms x' < -126 have P < 2^(-126 + ref - m)
+// <= 2^-94, as without). Keys past Lk (their sums are never stored, and may be NaN here) are left
+// out of the range.
+struct TileSums {
+  float ref[2] = {0.0f, 0.0f};
+  bool over_tile = false;
+
+  // From the quarter's box (bias_row as pair_bias_sums'); keys_left: Lk less the quarter's first key.
+  template <typename Element>
+  __device__ __forceinline__ void take(uint32_t bias_row, int m, int lane, int t, int64_t keys_left) {
+    float hi[2] = {neg_inf(), neg_inf()}, lo[2] = {-neg_inf(), -neg_inf()};
+    auto range = [&](auto first) {
+      constexpr int kFirst = decltype(first)::value;
+      for_tile_bias<Element, kFirst>(bias_row, m, lane, [&](int j, const float2 (&tb)[2]) {
+        const int key = 16 * kFirst + 8 * j + 2 * t;
+        for (int r = 0; r < 2; ++r) {
+          if (key < keys_left) {
+            hi[r] = fmaxf(hi[r], tb[r].x);
+            lo[r] = fminf(lo[r], tb[r].x);
+          }
+          if (key + 1 < keys_left) {
+            hi[r] = fmaxf(hi[r], tb[r].y);
+            lo[r] = fminf(lo[r], tb[r].y);
+          }
+        }
+      });
+    };
+    range(std::integral_constant<int, 0>{});
+    range(std::integral_constant<int, 2>{});
+    bool fits = true;
+    for (int r = 0; r < 2; ++r) {
+      for (int x = 1; x <= 2; x <<= 1) {
+        hi[r] = fmaxf(hi[r], __shfl_xor_sync(0xffffffffu, hi[r], x));
+        lo[r] = fminf(lo[r], __shfl_xor_sync(0xffffffffu, lo[r], x));
+      }
+      ref[r] = hi[r] * kLog2e;
+      // Not where no key is below Lk (hi - lo = -inf) or every T is NaN (fmaxf drops a NaN: one
+      // among finite T still reaches the gradient through the final 2^(T - ref)).
+      const float spread = (hi[r] - lo[r]) * kLog2e;
+      fits = fits && spread >= 0.0f && spread <= 32.0f;
+    }
+    over_tile = __all_sync(0xffffffffu, fits);
+    if (!over_tile) ref[0] = ref[1] = 0.0f;
+  }
+
+  // The sums of the quarter (acc as the tile's two 32-key steps hold them) times 2^(T - ref).
+  template <typename Element>
+  __device__ __forceinline__ void finish(float (&acc)[32], uint32_t bias_row, int m, int lane) const {
+    auto scale = [&](auto first) {
+      constexpr int kFirst = decltype(first)::value;
+      for_tile_bias<Element, kFirst>(bias_row, m, lane, [&](int j, const float2 (&tb)[2]) {
+        for (int r = 0; r < 2; ++r) {
+          const int i = 8 * kFirst + 4 * j + 2 * r;
+          acc[i] *= exp2_approx(fmaf(tb[r].x, kLog2e, -ref[r]));
+          acc[i + 1] *= exp2_approx(fmaf(tb[r].y, kLog2e, -ref[r]));
+        }
+      });
+    };
+    scale(std::integral_constant<int, 0>{});
+    scale(std::integral_constant<int, 2>{});
+  }
+};
 
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
@@ -280,44 +386,43 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
     wgmma_commit();
   };
   // The thread's two rows' statistics of unit stage st, and whether a row of the warp's takes the
-  // general form: a recomputed row (row log-sum != 0, backend.h) or a row max outside [-32, 64]
-  // (or NaN).
-  struct RowStats {
-    float row_max[2], log_sum[2], delta[2];
-    float c[2], d[2];  // the factored form's 2^-m and -Delta 2^-m (where not general)
-    bool general;
-  };
-  auto row_stats = [&](int st) {
+  // general form: a recomputed row (row log-sum != 0, backend.h), or ref - m outside [-64, 32]
+  // (or NaN; ref = 0 where the tile's sums are not over 2^(T - ref): m outside [-32, 64]).
+  auto row_stats = [&](int st, const TileSums& ts, bool& general) {
     const float* stats = reinterpret_cast<const float*>(smem + L::kStats + st * L::kStatsBytes);
-    RowStats rs;
-    bool general = false;
+    SumRows rs;
+    bool any = false;
     for (int r = 0; r < 2; ++r) {
       const int row = 64 * qh + 16 * w + g + 8 * r;
       rs.delta[r] = stats[row];
       rs.row_max[r] = stats[128 + row];
       rs.log_sum[r] = stats[256 + row];
-      general |= rs.log_sum[r] != 0.0f || !(rs.row_max[r] >= -32.0f && rs.row_max[r] <= 64.0f);
+      const float e = ts.ref[r] - rs.row_max[r];
+      any |= rs.log_sum[r] != 0.0f || !(e >= -64.0f && e <= 32.0f);
     }
-    rs.general = __any_sync(0xffffffffu, general);
+    general = __any_sync(0xffffffffu, any);
     for (int r = 0; r < 2; ++r) {
-      rs.c[r] = rs.general ? 0.0f : exp2_approx(-rs.row_max[r]);
+      rs.c[r] = general ? 0.0f : exp2_approx(ts.ref[r] - rs.row_max[r]);
       rs.d[r] = -rs.delta[r] * rs.c[r];
     }
     return rs;
   };
   // acc += P (dP - Delta) of unit stage st's 32 keys from 16 kFirst of the consumer's key half
-  // (the tile's pair bias in buffer buf).
-  auto sums = [&](auto first, float(&acc)[16], const float(&s)[16], const float(&dp)[16], const RowStats& rs, int st,
-                  int buf) {
+  // (`row`: the thread's ldmatrix row of the tile's box of that half).
+  auto sums = [&](auto first, float(&acc)[16], const float(&s)[16], const float(&dp)[16], const SumRows& rs,
+                  bool general, const TileSums& ts, int st, uint32_t row) {
     constexpr int kFirst = decltype(first)::value;
-    const uint32_t row = bias_row + buf * L::kBiasBytes + kh * 8192;
     const float* key = reinterpret_cast<const float*>(smem + L::kKeyBias) + st * 128 + 64 * kh;
-    if (rs.general) {
-      pair_bias_sums<Element, false, kFirst>(acc, s, dp, row, m, lane, key, rs.row_max, rs.log_sum, rs.delta, rs.c, rs.d,
-                                             p.scale_log2, t);
+    if (ts.over_tile) {
+      if (general) {
+        pair_bias_sums<Element, false, true, kFirst>(acc, s, dp, row, m, lane, key, rs, ts.ref, p.scale_log2, t);
+      } else {
+        pair_bias_sums<Element, true, true, kFirst>(acc, s, dp, row, m, lane, key, rs, ts.ref, p.scale_log2, t);
+      }
+    } else if (general) {
+      pair_bias_sums<Element, false, false, kFirst>(acc, s, dp, row, m, lane, key, rs, ts.ref, p.scale_log2, t);
     } else {
-      pair_bias_sums<Element, true, kFirst>(acc, s, dp, row, m, lane, key, rs.row_max, rs.log_sum, rs.delta, rs.c, rs.d,
-                                            p.scale_log2, t);
+      pair_bias_sums<Element, true, false, kFirst>(acc, s, dp, row, m, lane, key, rs, ts.ref, p.scale_log2, t);
     }
   };
 
@@ -353,6 +458,7 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
   // ptxas keeps in place. Every iteration drains its groups: with groups in flight across the back
   // edge, a peeled last unit or an epilogue beside them, ptxas serialized every wgmma (C7514).
   float s[16], dp[16], acc[32];
+  TileSums ts;  // the tile's form (over 2^(T - ref) or not), taken at its first unit
   for (int i = 0; i < 16; ++i) s[i] = dp[i] = 0.0f;
   auto acc_part = [&](int part) -> float(&)[16] { return *reinterpret_cast<float(*)[16]>(acc + 16 * part); };
   issue(0, s, dp, 0, true);
@@ -361,23 +467,28 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
     wgmma_wait<0>();
     fence_registers(s);
     fence_registers(dp);
+    const uint32_t quarter = bias_row + (tiles & 1) * L::kBiasBytes + kh * 8192;  // the tile's box of this quarter
     if (it == 0 || k == 0) {
       mbarrier_wait(&bias_full[tiles & 1], (tiles >> 1) & 1);
       for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+      ts = TileSums{};
+      if (task.over_tile) ts.take<Element>(quarter, m, lane, t, p.Lk - ((u / split.n) % split.k_blocks * 128 + 64 * kh));
     }
-    const RowStats rs = row_stats(st);  // once for the unit's two steps
-    sums(std::integral_constant<int, 0>{}, acc_part(0), s, dp, rs, st, tiles & 1);
+    bool general;
+    const SumRows rs = row_stats(st, ts, general);  // once for the unit's two steps
+    sums(std::integral_constant<int, 0>{}, acc_part(0), s, dp, rs, general, ts, st, quarter);
     issue(it, s, dp, 1, false);
     wgmma_wait<0>();
     fence_registers(s);
     fence_registers(dp);
-    sums(std::integral_constant<int, 2>{}, acc_part(1), s, dp, rs, st, tiles & 1);
+    sums(std::integral_constant<int, 2>{}, acc_part(1), s, dp, rs, general, ts, st, quarter);
     fence_proxy_async();
     mbarrier_arrive(&empty[st]);
     issue(next, s, dp, 0, true);
     const bool tile_ends = k + 1 == split.n;
     k = tile_ends ? 0 : k + 1;
     if (it + 1 < count && !tile_ends) continue;
+    if (ts.over_tile) ts.finish<Element>(acc, quarter, m, lane);  // before the box's release
     fence_proxy_async();
     mbarrier_arrive(&bias_empty[tiles & 1]);
     ++tiles;

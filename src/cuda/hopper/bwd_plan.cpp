@@ -184,6 +184,8 @@ PairBiasTask make_pair_bias_task(const BwdParams& p, const RowsTask& task, float
   t.split = pair_bias_split(p, hopper_sms(p.device));
   t.grad_slot = task.grad_slot;
   t.partials = partials;
+  const char* over_tile = std::getenv("EVOATTN_EXP_PAIR_BIAS_OVER_TILE");
+  t.over_tile = over_tile == nullptr || std::strcmp(over_tile, "0") != 0;
   return t;
 }
 

@@ -210,6 +210,9 @@ struct PairBiasTask {
   PairBiasSplit split;
   int32_t grad_slot;  // the pair bias's slot (LaunchPlan::tile_fast_slot)
   float* partials;    // [split.pieces()][128][128] float32 pieces
+  // Whether a warp may sum a tile over 2^(T - ref) (bwd_pair_bias_kernel.cuh's TileSums): true
+  // unless EVOATTN_EXP_PAIR_BIAS_OVER_TILE=0 (an experiment switch, to time and test both forms).
+  bool over_tile;
 };
 
 // Whether the automatic choice takes the Hopper pair-bias kernel for a gradient of `tiles`
