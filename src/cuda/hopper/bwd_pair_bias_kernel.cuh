@@ -21,8 +21,11 @@
 //   matmuls run under the other three's exponentials):
 //     mainloop  S = Q K^T, dP = dO V^T                     (wgmma, K-major from shared memory)
 //     softmax   acc += P (dP - Delta), P = 2^((x - row max) - row log-sum), x = score_log2 as
-//               every kernel; factored as 2^x (2^-m dP - 2^-m Delta) in warps whose rows allow it
-//   epilogue  per tile: the sums to the gradient, or to the worker's piece
+//               every kernel; factored as 2^x (2^-m dP - 2^-m Delta) in warps whose rows allow it;
+//               in units of 2^(T - ref) (TileSums: the pair bias T out of the sum over n) in
+//               warps whose tile allows it, so a term reads no pair bias
+//   epilogue  per tile: the sums (times 2^(T - ref) where so kept) to the gradient, or to the
+//             worker's piece
 #pragma once
 
 #include <cuda_runtime.h>
