@@ -243,7 +243,6 @@ std::vector<std::vector<double>> backward(const std::string& family, const Tenso
   return out;
 }
 
-// Largest |a - b| over the largest |b|, at least 1.
 // The largest gap of two bfloat16 results in rounding steps of the larger value of each pair
 // (2^-7 of its power of two), where gaps below 1e-5 of the largest value count as none.
 double bf16_roundings_apart(const std::vector<double>& a, const std::vector<double>& b) {
@@ -259,6 +258,7 @@ double bf16_roundings_apart(const std::vector<double>& a, const std::vector<doub
   return worst;
 }
 
+// Largest |a - b| over the largest |b|, at least 1.
 double relative_gap(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0.0, largest = 0.0;
   for (size_t e = 0; e < a.size(); ++e) {

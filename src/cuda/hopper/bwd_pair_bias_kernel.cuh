@@ -94,10 +94,11 @@ __device__ __forceinline__ void for_tile_bias(uint32_t bias_row, int m, int lane
 
 // A unit's rows' statistics as the sums take them (the thread's two rows): row_max, log_sum,
 // delta; the factored form's c = 2^(ref - m) and d = -Delta c (kOverTile: ref the row's tile
-// reference, TileSums; else 0).
+// reference, TileSums; else 0); whether a row of the warp's takes the general form.
 struct SumRows {
   float row_max[2], log_sum[2], delta[2];
   float c[2], d[2];
+  bool general;
 };
 
 // acc += P (dP - Delta) of one thread's 16 scores of the 32 keys from 16 kFirst of a 64-key half
@@ -391,7 +392,7 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
   // The thread's two rows' statistics of unit stage st, and whether a row of the warp's takes the
   // general form: a recomputed row (row log-sum != 0, backend.h), or ref - m outside [-64, 32]
   // (or NaN; ref = 0 where the tile's sums are not over 2^(T - ref): m outside [-32, 64]).
-  auto row_stats = [&](int st, const TileSums& ts, bool& general) {
+  auto row_stats = [&](int st, const TileSums& ts) {
     const float* stats = reinterpret_cast<const float*>(smem + L::kStats + st * L::kStatsBytes);
     SumRows rs;
     bool any = false;
@@ -403,9 +404,9 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
       const float e = ts.ref[r] - rs.row_max[r];
       any |= rs.log_sum[r] != 0.0f || !(e >= -64.0f && e <= 32.0f);
     }
-    general = __any_sync(0xffffffffu, any);
+    rs.general = __any_sync(0xffffffffu, any);
     for (int r = 0; r < 2; ++r) {
-      rs.c[r] = general ? 0.0f : exp2_approx(ts.ref[r] - rs.row_max[r]);
+      rs.c[r] = rs.general ? 0.0f : exp2_approx(ts.ref[r] - rs.row_max[r]);
       rs.d[r] = -rs.delta[r] * rs.c[r];
     }
     return rs;
@@ -413,16 +414,16 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
   // acc += P (dP - Delta) of unit stage st's 32 keys from 16 kFirst of the consumer's key half
   // (`row`: the thread's ldmatrix row of the tile's box of that half).
   auto sums = [&](auto first, float(&acc)[16], const float(&s)[16], const float(&dp)[16], const SumRows& rs,
-                  bool general, const TileSums& ts, int st, uint32_t row) {
+                  const TileSums& ts, int st, uint32_t row) {
     constexpr int kFirst = decltype(first)::value;
     const float* key = reinterpret_cast<const float*>(smem + L::kKeyBias) + st * 128 + 64 * kh;
     if (ts.over_tile) {
-      if (general) {
+      if (rs.general) {
         pair_bias_sums<Element, false, true, kFirst>(acc, s, dp, row, m, lane, key, rs, ts.ref, p.scale_log2, t);
       } else {
         pair_bias_sums<Element, true, true, kFirst>(acc, s, dp, row, m, lane, key, rs, ts.ref, p.scale_log2, t);
       }
-    } else if (general) {
+    } else if (rs.general) {
       pair_bias_sums<Element, false, false, kFirst>(acc, s, dp, row, m, lane, key, rs, ts.ref, p.scale_log2, t);
     } else {
       pair_bias_sums<Element, true, false, kFirst>(acc, s, dp, row, m, lane, key, rs, ts.ref, p.scale_log2, t);
@@ -477,14 +478,13 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
       ts = TileSums{};
       if (task.over_tile) ts.take<Element>(quarter, m, lane, t, p.Lk - ((u / split.n) % split.k_blocks * 128 + 64 * kh));
     }
-    bool general;
-    const SumRows rs = row_stats(st, ts, general);  // once for the unit's two steps
-    sums(std::integral_constant<int, 0>{}, acc_part(0), s, dp, rs, general, ts, st, quarter);
+    const SumRows rs = row_stats(st, ts);  // once for the unit's two steps
+    sums(std::integral_constant<int, 0>{}, acc_part(0), s, dp, rs, ts, st, quarter);
     issue(it, s, dp, 1, false);
     wgmma_wait<0>();
     fence_registers(s);
     fence_registers(dp);
-    sums(std::integral_constant<int, 2>{}, acc_part(1), s, dp, rs, general, ts, st, quarter);
+    sums(std::integral_constant<int, 2>{}, acc_part(1), s, dp, rs, ts, st, quarter);
     fence_proxy_async();
     mbarrier_arrive(&empty[st]);
     issue(next, s, dp, 0, true);
