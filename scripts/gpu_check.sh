@@ -4,14 +4,16 @@
 # suite, and the Python package (the wheel of scripts/build_wheel.sh installed into a clean
 # folder, pytest with torch and jax on the GPU and nvcc off the PATH; the host-overhead bench).
 # Results go to $OUT (the device tool's folder) or ./gpu-results.
-#   usage: scripts/gpu_check.sh [all|build|test|gtest|hopper|sanitize|sanitize-grid|sanitize-hopper|
+#   usage: scripts/gpu_check.sh [all|build|test|gtest|gtest-hopper|gtest-portable|hopper|sanitize|
+#                               sanitize-grid|sanitize-hopper|
 #                               bench|python|overhead]...
 #   (default: all; `sanitize` is `sanitize-grid` (the default grid) and then `sanitize-hopper`
 #   (the Hopper family's grid), memcheck and racecheck each, in SANITIZE_SHARDS (default 4)
 #   processes at once: all four runs in 6 minutes on an H200; `hopper`, not in all: the Hopper
 #   family's cases alone, sharded, in a few minutes where `test` takes the whole suite's six or
 #   seven; `gtest`, not in all: the whole C++ test binary, sharded, once with each family forced,
-#   EVOATTN_KERNEL_FAMILY=portable then =hopper)
+#   EVOATTN_KERNEL_FAMILY=portable then =hopper; `gtest-hopper` or `gtest-portable` one of the two:
+#   about 170 s each on an H100, so that one with `sanitize-hopper` fits a device call)
 #   PREBUILT=dir: take the test binary and the CLI from dir (scripts/prebuild_gpu.sh makes it on
 #   a machine without a GPU) instead of building here, for `gtest`, `hopper`, `sanitize` and
 #   `bench`: a GPU machine's build is a minute or more of its time. Not for `test`: ctest's files
@@ -37,7 +39,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 if [ -z "${PREBUILT:-}" ] && { want build || want test || want hopper || want sanitize || want sanitize-grid ||
-                                want sanitize-hopper || want bench || [[ " $steps " == *" gtest "* ]]; }; then
+                                want sanitize-hopper || want bench || [[ " $steps " == *" gtest"* ]]; }; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVOATTN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
@@ -53,11 +55,12 @@ fi
 
 source "$(dirname "$0")/run_shards.sh"
 
-if [[ " $steps " == *" gtest "* ]]; then
-  # Every C++ test with each family forced (issue 39's item 7); auto is `test`'s and `hopper`'s.
-  run_shards gtest_portable portable '*'
-  run_shards gtest_hopper hopper '*'
-fi
+# Every C++ test with each family forced (issue 39's item 7); auto is `test`'s and `hopper`'s.
+for family in portable hopper; do
+  if [[ " $steps " == *" gtest "* || " $steps " == *" gtest-$family "* ]]; then
+    run_shards "gtest_$family" "$family" '*'
+  fi
+done
 
 if [[ " $steps " == *" hopper "* ]]; then
   # The family tests, then every 16-bit CUDA forward, backward, determinism, mask and layout
