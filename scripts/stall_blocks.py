@@ -7,7 +7,9 @@ and one column per stall reason) and prints, for each straight-line block of the
 after every branch and exit, and at every branch target), its address range, instruction count,
 share of all samples, warp-instructions executed, first instruction and top stall reasons;
 then the kernel's totals per stall reason. Blocks under --min percent of the samples are left
-out of the table (not of the totals).
+out of the table (not of the totals). Where the report has ncu's SourceCounters columns of
+shared-memory wavefronts, it ends with their sums per opcode (LDS, STS, LDSM, STSM, ...): which
+instructions load the shared-memory (LSU) pipe, and how many wavefronts bank conflicts add.
 
   usage: scripts/stall_blocks.py SOURCE.csv [--min PERCENT]
 """
@@ -101,6 +103,30 @@ def main():
               f"executed {executed:12.0f}  {block[0][1][:44]:44s} | {top}")
     sums = sorted(((sum(number(r[i]) for _, _, r in code), i) for i in reasons), reverse=True)
     print("whole kernel: " + " ".join(f"{short(i)}:{100 * v / total:.1f}" for v, i in sums if v > 0))
+    shared_wavefronts(header, code, at_executed)
+
+
+def shared_wavefronts(header, code, at_executed):
+    at_all = pick(header, ("wavefronts shared",), ("ideal", "excessive"))
+    at_ideal = pick(header, ("wavefronts shared", "ideal"))
+    if at_all is None:
+        return
+    per = {}
+    for _, text, row in code:
+        wavefronts = number(row[at_all])
+        if wavefronts == 0:
+            continue
+        op = re.sub(r"^@!?U?P\w+\s+", "", text).split(" ")[0]
+        entry = per.setdefault(op, [0.0, 0.0, 0.0])
+        entry[0] += wavefronts
+        entry[1] += number(row[at_ideal]) if at_ideal is not None else wavefronts
+        entry[2] += number(row[at_executed]) if at_executed is not None else 0
+    total = sum(e[0] for e in per.values()) or 1.0
+    print(f"shared-memory wavefronts: {total:.0f} (ideal {sum(e[1] for e in per.values()):.0f}); per opcode:")
+    for op, (wavefronts, ideal, executed) in sorted(per.items(), key=lambda kv: -kv[1][0]):
+        each = wavefronts / executed if executed else 0.0
+        print(f"  {op:28s} {100 * wavefronts / total:5.1f}%  wavefronts {wavefronts:12.0f}  ideal {ideal:12.0f}  "
+              f"executed {executed:11.0f}  per instruction {each:5.2f}")
 
 
 if __name__ == "__main__":
