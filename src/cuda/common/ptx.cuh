@@ -216,6 +216,11 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_address, const uint32_
 #endif
 }
 __device__ __forceinline__ void stmatrix_x4(void* smem, const uint32_t (&r)[4]) { stmatrix_x4(smem_addr(smem), r); }
+// Two floats to 8-byte aligned shared memory in one 64-bit store (the compiler may split a float2
+// store into two 32-bit ones, whose pairs of lanes then share banks).
+__device__ __forceinline__ void st_shared_v2(void* smem, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr(smem)), "f"(x), "f"(y) : "memory");
+}
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>

@@ -237,8 +237,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
             row_max = stats[rows + stats_row + q];
             row_log_sum = stats[2 * rows + stats_row + q];
           }
-          st[2 * r] = row_max;
-          st[2 * r + 1] = row_log_sum;
+          st_shared_v2(st + 2 * r, row_max, row_log_sum);
           st[128 + r] = delta;
           recomputed |= row_log_sum != 0.0f;
         }
@@ -339,7 +338,7 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
     } else if (dq_slot == nullptr) {
       for (int r = 0; r < 2; ++r)
         for (int j = 0; j < kHalf / 4; ++j)
-          *dq_pair(r, j) = make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
+          st_shared_v2(dq_pair(r, j), dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
     } else {
       float* const slot_tile = dq_slot + qt * 64 * kHeadDim;
       for (int r = 0; r < 2; ++r)
