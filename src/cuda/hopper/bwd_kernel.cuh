@@ -531,7 +531,8 @@ __global__ void __launch_bounds__(BwdLayout<kHeadDim, kConsumers, kBwdStages>::k
       }
       fence_registers(dv_acc);
       fence_registers(dk_acc);
-      fence_proxy_async();
+      // No proxy fence: the stage's generic reads (the statistics, the tile box) have returned
+      // their values, used above; its async reads (Q, dO) are this warpgroup's retired wgmma.
       mbarrier_arrive(&empty[s]);
 
       // dQ(tile) += dS K by the consumer whose turn it is (with a dQ warpgroup, that one's).

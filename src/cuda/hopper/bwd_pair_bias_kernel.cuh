@@ -485,7 +485,8 @@ __global__ void __launch_bounds__(PairBiasLayout<kHeadDim>::kThreads, 1)
     fence_registers(s);
     fence_registers(dp);
     sums(std::integral_constant<int, 2>{}, acc_part(1), s, dp, rs, ts, st, quarter);
-    fence_proxy_async();
+    // No proxy fence: the stage's generic reads (statistics, key biases) have returned their
+    // values, used above; its async reads are this warpgroup's retired wgmma.
     mbarrier_arrive(&empty[st]);
     issue(next, s, dp, 0, true);
     const bool tile_ends = k + 1 == split.n;

@@ -370,11 +370,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
   // A release of shared memory this thread read (a stage, or Q), by every consumer thread: each
   // one's own reads (the key biases, the bias box by ldmatrix) are then ordered before the
   // refill by its own release (compute-sanitizer's racecheck flags one elected arrival after
-  // __syncwarp), and its generic-proxy reads before the refill's TMA writes by the proxy fence.
-  auto arrive = [&](uint64_t* bar) {
-    fence_proxy_async();
-    mbarrier_arrive(bar);
-  };
+  // __syncwarp). No proxy fence: those generic reads have returned their values, used before
+  // the release, so the refill's TMA writes cannot reach them.
   auto wait_full = [&](int j) {
     const uint32_t it = it0 + j;
     mbarrier_wait(&full[it % L::kStages], (it / L::kStages) & 1);
@@ -388,7 +385,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
     issue_pv(j - 1, p_prev);
     wgmma_wait<1>();
     fence_registers(s_acc);
-    if (j + 1 == plan.k_tiles) arrive(q_release);
+    if (j + 1 == plan.k_tiles) mbarrier_arrive(q_release);
     // softmax. Four consumers, or two blocks of two an SM: the exponentials first, against the
     // maxima as they stand, the maxima only where that does not fit (try_exponentiate); with one
     // P set, P is written once P V(j - 1) retired. Two or three in one block: the maxima first,
@@ -406,7 +403,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       }
       wgmma_wait<0>();
       fence_registers(acc_o);
-      arrive(&empty[(it0 + j - 1) % L::kStages]);
+      mbarrier_arrive(&empty[(it0 + j - 1) % L::kStages]);
       if constexpr (kPSets == 1) {
         if (!softmax.try_exponentiate<Element>(s_acc, p.scale_log2, p_next)) {
           moved = softmax.update(s_acc, p.scale_log2, false, 0.0f);
@@ -420,7 +417,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
       wgmma_wait<0>();
       fence_registers(acc_o);
-      arrive(&empty[(it0 + j - 1) % L::kStages]);
+      mbarrier_arrive(&empty[(it0 + j - 1) % L::kStages]);
       if (moved) softmax.rescale(acc_o);
     }
   };
@@ -439,10 +436,10 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       // Q's arrival waits for the item's Q as the others' do: an arrival before it would count
       // towards the previous item's release while the other consumers still read its Q.
       mbarrier_wait(&q_full[qb], q_phase);
-      arrive(q_release);
+      mbarrier_arrive(q_release);
       for (int j = 0; j < plan.k_tiles; ++j) {
         wait_full(j);
-        arrive(&empty[(it0 + j) % L::kStages]);
+        mbarrier_arrive(&empty[(it0 + j) % L::kStages]);
       }
       continue;
     }
@@ -453,7 +450,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
     issue_qk(0);
     wgmma_wait<0>();
     fence_registers(s_acc);
-    if (plan.k_tiles == 1) arrive(q_release);
+    if (plan.k_tiles == 1) mbarrier_arrive(q_release);
     softmax.update(s_acc, p.scale_log2, true);  // softmax of tile 0 (O needs no rescale yet)
     softmax.exponentiate<Element>(s_acc, p.scale_log2, pa[0]);
     if constexpr (kPSets == 1) {
@@ -474,7 +471,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
     }
     wgmma_wait<0>();
     fence_registers(acc_o);
-    arrive(&empty[(it0 + plan.k_tiles - 1) % L::kStages]);
+    mbarrier_arrive(&empty[(it0 + plan.k_tiles - 1) % L::kStages]);
 
     // epilogue: O / l and the LSE
     const float inv[2] = {softmax.finish(0), softmax.finish(1)};
