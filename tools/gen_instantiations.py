@@ -49,6 +49,9 @@ DKDV_KEY_PAIRS_HEAD_DIMS = [64]
 # in launch_plan.h) at these head dims: "bwd_pair_bias_" files.
 PAIR_BIAS = ("cuda/portable/bwd_pair_bias_kernel.cuh", "run_bwd_pair_bias")
 PAIR_BIAS_HEAD_DIMS = [32, 64]
+# dQ from the dS the dK/dV kernel stored (LaunchPlan::dkdv_ds_slots): every head-dim bucket,
+# "bwd_dq_from_ds_" files.
+DQ_FROM_DS = ("cuda/portable/bwd_dq_from_ds_kernel.cuh", "run_bwd_dq_from_ds")
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/portable/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
@@ -118,6 +121,11 @@ def main() -> None:
                     wheader, wfn = DKDV_WIDE
                     write_instantiation(out, f"bwd_dkdv_wide_{dname}_hdim{hd}.cu", wheader,
                                         f"cudaError_t {wfn}<{dtype}, {hd}>{sig}", names)
+                if kernel == "bwd_rows":
+                    dheader, dfn = DQ_FROM_DS
+                    write_instantiation(out, f"bwd_dq_from_ds_{dname}_hdim{hd}.cu", dheader,
+                                        f"cudaError_t {dfn}<{dtype}, {hd}>(const BwdParams&, const LaunchPlan&, cudaStream_t)",
+                                        names)
                 if kernel == "bwd_rows" and hd in PAIR_BIAS_HEAD_DIMS:
                     pheader, pfn = PAIR_BIAS
                     write_instantiation(out, f"bwd_pair_bias_{dname}_hdim{hd}.cu", pheader,

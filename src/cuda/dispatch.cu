@@ -208,7 +208,8 @@ bool dq_fits_smem(const BwdParams& p, const LaunchPlan& plan, size_t allowed) {
 // memory fits this GPU (at D = 64 it needs 97.8 KB, within the 99 KB of RTX 30/40 and L40); the
 // fused dK/dV with warps of 32 keys where the descriptors allow it (dkdv_wide_keys) and two of
 // its 104 KB blocks fit an SM (H100, H200: not the 164 KB of an A100, nor RTX 30/40's 99 KB per
-// block); and whether the Hopper dK/dV/dQ kernel takes the call (hopper_dkdv).
+// block); whether the Hopper dK/dV/dQ kernel takes the call (hopper_dkdv); and where neither
+// computes dQ, whether dQ comes from the dS the dK/dV kernel stores (dkdv_ds_slots).
 LaunchPlan bwd_launch_plan(const BwdParams& p) {
   LaunchPlan plan = cuda::make_launch_plan(p, cuda::kTile, cuda::kTile);
   if (plan.fuse_dq) {
@@ -241,6 +242,19 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
   plan.hopper_dkdv = cuda::hopper::bwd_usable(p, plan, &dq_pool);
   plan.hopper_dq_pool = plan.hopper_dkdv && dq_pool;
   if (plan.hopper_dkdv) plan.delta_in_dkdv = false;
+  // dQ in a pass of its own: where the unsummed bias gradients all take 16-byte chunks and the
+  // dK/dV kernel can, it stores dS into them and that pass reads it back
+  // (LaunchPlan::dkdv_ds_slots).
+  if (!plan.fuse_dq && !plan.hopper_dkdv && cuda::dkdv_stores_ds(p, plan)) {
+    uint32_t slots = 0;
+    bool all = true;
+    for (int slot = 0; slot < kNumGradSlots; ++slot) {
+      if (!cuda::bias_grad_unsummed(p.dbias[slot])) continue;
+      if (cuda::ds_chunks_storable(p, p.dbias[slot])) slots |= 1u << slot;
+      else all = false;
+    }
+    if (all) plan.dkdv_ds_slots = slots;
+  }
   return plan;
 }
 
@@ -361,8 +375,9 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
   const bool hopper = plan.hopper_dkdv;
   // The bias-gradient tasks, which kernel takes each, and the Hopper kernels' plan (their tensor
   // maps), made once where either Hopper kernel runs.
-  // Where the query-side dQ pass runs, it also writes the gradients that sum over no index
-  // (dS itself: bias_grad_unsummed), and they get no pass of their own.
+  // Where dQ has a pass of its own, the gradients that sum over no index (dS itself:
+  // bias_grad_unsummed) get none: that pass writes them, or the dK/dV kernel does and the pass
+  // reads dS back from them (LaunchPlan::dkdv_ds_slots).
   const bool rows_dq = !(plan.fuse_dq || hopper);
   const cuda::RowsTask dq_task = cuda::make_dq_task_with_grads(p, plan);
   auto own_pass = [&](int slot) {
@@ -403,6 +418,10 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
   if (cudaError_t e = run_dkdv()) return e;
   for (int slot = rows_dq ? -1 : 0; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !own_pass(slot)) continue;
+    if (slot < 0 && plan.dkdv_ds_slots != 0) {
+      if (cudaError_t e = cuda::run_bwd_dq_from_ds<Element, kHeadDim>(p, plan, stream)) return e;
+      continue;
+    }
     const cuda::RowsTask task = slot < 0 ? dq_task : tasks[slot];
     if (slot >= 0 && pair_hopper[slot]) {
       if (cudaError_t e = bwd_hopper_pair_bias<Element, kHeadDim>(p, hopper_plan, task, partials[slot], stream)) {

@@ -120,6 +120,14 @@ struct LaunchPlan {
   // With hopper_dkdv: that kernel's running dQ in the workspace's pool (dq_accum) rather than in
   // its shared memory (decided with it by hopper::bwd_usable).
   bool hopper_dq_pool;
+  // Where dQ has a pass of its own (neither fuse_dq nor hopper_dkdv) and every requested bias
+  // gradient that sums over no index (bias_grad_unsummed) takes 16-byte chunks
+// (ds_chunks_storable): those gradients
+  // (bit = slot). Each is dS itself, so the dK/dV kernel stores its dS^T into them as it goes
+  // (transposed in registers), and dQ = scale dS K is then read back from the lowest of them
+  // (bwd_dq_from_ds_kernel.cuh) instead of a pass that computes S, P and dP again
+  // (bwd_launch_plan). 0: the query-side dQ pass writes them (RowsTask::direct_slots).
+  uint32_t dkdv_ds_slots;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x blocks per SM) >= 1: bwd_launch_plan
@@ -192,6 +200,13 @@ constexpr int64_t kFewForwardItems = 512;
 constexpr int64_t kFewBackwardRows = 256;
 // The largest head dim whose dK/dV kernel also computes dQ.
 constexpr int kMaxFusedDqHeadDim = 64;
+
+// Whether the dK/dV kernel that runs where dQ has a pass of its own can store dS into the bias
+// gradients (LaunchPlan::dkdv_ds_slots): the fast path with a tile bias, head-dim buckets up to
+// 64 (its kStoresDs instantiations).
+inline bool dkdv_stores_ds(const FwdParams& p, const LaunchPlan& plan) {
+  return bwd_fast_path(plan) && plan.tile_slots != 0 && p.D <= kMaxFusedDqHeadDim;
+}
 
 // Which tile bias a forward instantiation is compiled for (its `kTile`): any (runtime), none
 // (plan.tile_slots == 0), the fast tile shared by the block's groups over n (fwd_shared_tile:
@@ -324,6 +339,15 @@ inline bool tile_layout_fast(const FwdParams& p, const BiasParams& b) {
   return b.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
          st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0;
 }
+// Whether a bias gradient takes dS from the dK/dV kernel and gives it back to the dQ pass in
+// 16-byte chunks of 8 keys (LaunchPlan::dkdv_ds_slots): the inputs' 16-bit dtype, unit key
+// stride, 8-element aligned rows and Lk % 8 == 0 (so a chunk is all inside Lk or all past it),
+// a 16-byte aligned base.
+inline bool ds_chunks_storable(const FwdParams& p, const BiasGradParams& g) {
+  const ScoreStrides& st = g.stride;
+  return g.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
+         st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0 && reinterpret_cast<uintptr_t>(g.ptr) % 16 == 0;
+}
 // Whether the call has exactly one bias varying along Lq, with a layout tile_layout_fast takes
 // (from the descriptors; the data's alignment is checked at the call).
 inline bool one_fast_layout_tile(const FwdParams& p) {
@@ -372,7 +396,8 @@ inline bool pair_bias_key_pairs(const FwdParams& p, const LaunchPlan& plan, cons
 
 // Whether a requested bias gradient sums over no index (its bias spans every score dimension
 // longer than 1: AlphaFold 3's pair-biased attention, N = 1): each element is one dS, which the
-// query-side dQ pass, where it runs, writes as it goes (RowsTask::direct_slots; no pass of its own).
+// query-side dQ pass, where it runs, writes as it goes (RowsTask::direct_slots; no pass of its own),
+// or the dK/dV kernel before a dQ pass that reads it back (LaunchPlan::dkdv_ds_slots).
 inline bool bias_grad_unsummed(const BiasGradParams& g) {
   return g.requested && !g.reduce_b && !g.reduce_n && !g.reduce_h && !g.reduce_q && !g.reduce_k;
 }

@@ -29,6 +29,15 @@ std::vector<Case> grid() {
     // N = 1 on the fast path: the pair-bias gradient's walk over n is one chunk, and its kernel
     // writes the gradient itself (no partials, no reduce).
     cases.push_back(shape(2, 1, 2, 136, 72, 32, dt).biases("bn11k", "b1hqk").grads(true, true));
+    // N = 1, the fast path, B N H < 256: the dK/dV kernel stores dS into the pair-bias gradient
+    // (summed over nothing) and dQ is read back from it (LaunchPlan::dkdv_ds_slots), at every
+    // head-dim bucket it takes (16: D = 8 and 16; 32: D = 24; 64: D = 48 and 64); partial query
+    // tiles (last warps empty), a last key tile of 8 keys, one key tile.
+    cases.push_back(shape(1, 1, 3, 70, 64, 8, dt).biases("", "b1hqk").grads(false, true));
+    cases.push_back(shape(2, 1, 2, 40, 200, 16, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(2, 1, 2, 100, 136, 24, dt).biases("bn11k", "b1hqk").grads(true, true));
+    cases.push_back(shape(1, 1, 2, 130, 72, 48, dt).biases("", "b1hqk").grads(false, true));
+    cases.push_back(shape(1, 1, 2, 65, 128, 64, dt).biases("bn11k", "b1hqk").grads(true, true));
     // B N H >= 256: the CUDA dK/dV kernel computes dQ too, summing over key tiles in shared
     // memory where all of Lq fits, else in the workspace (on an H100: D = 64, and the kernel
     // with warps of 32 keys, which takes D = 24 and 32 with a fast pair-bias tile and 4, 6 or

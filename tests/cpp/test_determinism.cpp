@@ -20,6 +20,9 @@ std::vector<Case> determinism_cases() {
     cases.push_back(
         shape(2, 3, 2, 97, 70, 32, dt).biases("bn11k", "b1hqk").grads(true, true).with_mask("bnk"));
   }
+  // N = 1, B N H < 256: dQ read back from the dS the dK/dV kernel stored into the pair-bias
+  // gradient (LaunchPlan::dkdv_ds_slots).
+  cases.push_back(shape(2, 1, 2, 100, 136, 24, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
   // B N H >= 256: dQ from the dK/dV kernel, summed over key tiles in the workspace.
   cases.push_back(shape(1, 64, 4, 97, 136, 32, EVOATTN_BFLOAT16).biases("bn11k", "b1hqk").grads(true, true));
   // Four key tiles: the dK/dV kernel with warps of 32 keys (launch_plan.h, dkdv_wide_keys).

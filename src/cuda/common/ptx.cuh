@@ -244,6 +244,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sme
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
   ldmatrix_x4_trans(r, smem_addr(smem));
 }
+// An 8x8 b16 matrix held in the mma C layout (thread 4g + t: row g, columns 2t and 2t + 1),
+// transposed in registers (sm_75 and later): the result is the transpose in the same layout.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
 __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1])

@@ -11,6 +11,8 @@
 //     P^T  = 2^(S^T scale log2 e + bias^T log2 e - row_max - row_log_sum)   (row_stats_kernel)
 //     dS^T = P^T (dP^T - Delta)
 //     dV  += P^T dO,  dK += dS^T Q                      (P^T, dS^T reused as A operands)
+//     plan.dkdv_ds_slots (dQ in a pass of its own): dS into the bias gradients that are dS
+//              itself, transposed in registers, for that pass to read back
 //     fuse_dq: dQ(query tile) += dS K                   (dS^T through shared memory; per warp
 //              16 queries; the running sum between key tiles in shared memory where it fits
 //              (plan.dq_in_smem), else in the float32 workspace plan.dq_accum; the last key
@@ -84,8 +86,43 @@ struct BwdKeyTraits {
   // padded rows' allocation): a warp's 16-byte cp.async into the padded 144-byte rows cost 10-11
   // shared-memory wavefronts instead of 4 (ncu), ~6% of this kernel's shared-memory cycles.
   static constexpr bool kSwizzled = kKeyTiles == 2;
+  // Stores dS into the bias gradients of plan.dkdv_ds_slots (dkdv_stores_ds): in the other
+  // variants that code spilled more of the loop, or cannot run (no tile bias).
+  static constexpr bool kStoresDs = kFast && !kNoTile && kKeyTiles == 1 && kHeadDim <= kMaxFusedDqHeadDim;
   static_assert(kSmemBytesFused <= 227 * 1024, "shared memory per block on sm_90");
 };
+
+// A warp's dS^T of 16 keys x 16 queries (dK's A fragment `dsa`: keys key0 + g (+8), queries
+// query0 + 2t (+1, +8)) into each bias gradient of plan.dkdv_ds_slots, which is dS: each 8x8
+// quarter transposed in registers, so a thread holds two adjacent keys of one query and stores
+// them at once (ds_chunks_storable: the pair is all inside Lk or all past it). The values are
+// the ones dK's product takes.
+template <typename Element>
+__device__ __forceinline__ void store_ds_transposed(const uint32_t (&dsa)[4], const BwdParams& p,
+                                                    const LaunchPlan& plan, int64_t b, int64_t n, int64_t h,
+                                                    int64_t query0, int64_t key0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  uint32_t ds[4];  // ds[i]: query query0 + g + 8 (i / 2), keys key0 + 2t + 8 (i % 2) and + 1
+  for (int i = 0; i < 4; ++i) ds[i] = movmatrix_trans(dsa[i]);
+  for (int slot = 0; slot < kNumGradSlots; ++slot) {
+    if (!((plan.dkdv_ds_slots >> slot) & 1u)) continue;
+    const BiasGradParams& gp = p.dbias[slot];
+    Element* at = static_cast<Element*>(gp.ptr) + b * gp.stride.b + n * gp.stride.n + h * gp.stride.h +
+                  (query0 + g) * gp.stride.q + key0 + 2 * t;
+    const int64_t down = 8 * gp.stride.q;
+    if (query0 + 16 <= p.Lq && key0 + 16 <= p.Lk) {  // the warp's whole 16 x 16 (most of them)
+      *reinterpret_cast<uint32_t*>(at) = ds[0];
+      *reinterpret_cast<uint32_t*>(at + 8) = ds[1];
+      *reinterpret_cast<uint32_t*>(at + down) = ds[2];
+      *reinterpret_cast<uint32_t*>(at + down + 8) = ds[3];
+      continue;
+    }
+    for (int i = 0; i < 4; ++i) {
+      const int64_t query = query0 + g + 8 * (i / 2), key = key0 + 2 * t + 8 * (i % 2);
+      if (query < p.Lq && key < p.Lk) *reinterpret_cast<uint32_t*>(at + (i / 2) * down + (i % 2) * 8) = ds[i];
+    }
+  }
+}
 
 // kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out. kNoTile:
 // no bias varies along Lq (plan.tile_slots == 0), and the tile-bias code is compiled out.
@@ -459,6 +496,9 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
           uint32_t pa[4], dsa[4];
           accumulators_to_a<Element>(s[2 * kk], s[2 * kk + 1], pa);
           accumulators_to_a<Element>(dp[2 * kk], dp[2 * kk + 1], dsa);
+          if (T::kStoresDs && plan.dkdv_ds_slots != 0) {
+            store_ds_transposed<Element>(dsa, p, plan, item.b, item.n, item.h, i0 + 16 * kk, j0 + warp_row, lane);
+          }
           if (fuse_dq) {  // dS^T rows warp_row + g (+8), query columns 16 kk + 2t (+8)
             const int w0 = ((warp_row + g) * kDsStride + kk * 16 + 2 * t) / 2;
             sdS32[w0] = dsa[0];
@@ -549,6 +589,7 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
   if (kKeyTiles != 1 && !(plan.fuse_dq && plan.dq_in_smem)) return cudaErrorInvalidValue;
   auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile, kKeyTiles>;
   if (plan.delta_in_dkdv && kKeyTiles != 2) return cudaErrorInvalidValue;
+  if (plan.dkdv_ds_slots != 0 && !T::kStoresDs) return cudaErrorInvalidValue;  // dkdv_stores_ds
   const size_t smem = !plan.fuse_dq    ? T::kSmemBytes
                       : plan.dq_in_smem ? dkdv_smem_bytes_resident_dq(plan, kHeadDim, kNoTile, kKeyTiles) +
                                               (plan.delta_in_dkdv ? dkdv_delta_smem_bytes(kHeadDim) : 0)

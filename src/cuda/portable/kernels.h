@@ -31,6 +31,9 @@ cudaError_t run_bwd_dkdv_wide(const BwdParams& p, const LaunchPlan& plan, cudaSt
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_pair_bias(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                               cudaStream_t stream);
+// dQ = scale dS K from the dS the dK/dV kernel stored (LaunchPlan::dkdv_ds_slots).
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_dq_from_ds(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool kFast>
 cudaError_t run_bwd_rows(const BwdParams& p, const LaunchPlan& plan, const RowsTask& task,
                          cudaStream_t stream);
