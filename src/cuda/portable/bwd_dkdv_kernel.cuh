@@ -107,19 +107,10 @@ __device__ __forceinline__ void store_ds_transposed(const uint32_t (&dsa)[4], co
   for (int slot = 0; slot < kNumGradSlots; ++slot) {
     if (!((plan.dkdv_ds_slots >> slot) & 1u)) continue;
     const BiasGradParams& gp = p.dbias[slot];
-    Element* at = static_cast<Element*>(gp.ptr) + b * gp.stride.b + n * gp.stride.n + h * gp.stride.h +
-                  (query0 + g) * gp.stride.q + key0 + 2 * t;
-    const int64_t down = 8 * gp.stride.q;
-    if (query0 + 16 <= p.Lq && key0 + 16 <= p.Lk) {  // the warp's whole 16 x 16 (most of them)
-      *reinterpret_cast<uint32_t*>(at) = ds[0];
-      *reinterpret_cast<uint32_t*>(at + 8) = ds[1];
-      *reinterpret_cast<uint32_t*>(at + down) = ds[2];
-      *reinterpret_cast<uint32_t*>(at + down + 8) = ds[3];
-      continue;
-    }
+    Element* base = static_cast<Element*>(gp.ptr) + b * gp.stride.b + n * gp.stride.n + h * gp.stride.h;
     for (int i = 0; i < 4; ++i) {
       const int64_t query = query0 + g + 8 * (i / 2), key = key0 + 2 * t + 8 * (i % 2);
-      if (query < p.Lq && key < p.Lk) *reinterpret_cast<uint32_t*>(at + (i / 2) * down + (i % 2) * 8) = ds[i];
+      if (query < p.Lq && key < p.Lk) *reinterpret_cast<uint32_t*>(base + query * gp.stride.q + key) = ds[i];
     }
   }
 }
