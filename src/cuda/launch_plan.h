@@ -122,11 +122,11 @@ struct LaunchPlan {
   bool hopper_dq_pool;
   // Where dQ has a pass of its own (neither fuse_dq nor hopper_dkdv) and every requested bias
   // gradient that sums over no index (bias_grad_unsummed) takes 16-byte chunks
-// (ds_chunks_storable): those gradients
-  // (bit = slot). Each is dS itself, so the dK/dV kernel stores its dS^T into them as it goes
-  // (transposed in registers), and dQ = scale dS K is then read back from the lowest of them
-  // (bwd_dq_from_ds_kernel.cuh) instead of a pass that computes S, P and dP again
-  // (bwd_launch_plan). 0: the query-side dQ pass writes them (RowsTask::direct_slots).
+  // (ds_chunks_storable): those gradients (bit = slot). Each is dS itself, so the dK/dV kernel
+  // stores its dS^T into them as it goes (transposed in registers), and dQ = scale dS K is then
+  // read back from the lowest of them (bwd_dq_from_ds_kernel.cuh) instead of a pass that
+  // computes S, P and dP again (bwd_launch_plan). 0: the query-side dQ pass writes them
+  // (RowsTask::direct_slots).
   uint32_t dkdv_ds_slots;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
@@ -331,22 +331,22 @@ constexpr size_t dkdv_wide_smem_bytes() {
   const size_t fused = size_t{2 * kTile} * (kTile + 8) * 2 + size_t{kTile} * 32 * sizeof(float);
   return base + fused;
 }
-// Whether a tile bias's layout lets the fast tile path take it (LaunchPlan::tile_fast_slot,
-// which also asks for 16-byte aligned data): 16-bit inputs, the bias in their dtype, unit key
-// stride and 16-byte rows.
-inline bool tile_layout_fast(const FwdParams& p, const BiasParams& b) {
-  const ScoreStrides& st = b.stride;
-  return b.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
+// Whether a [B, N, H, Lq, Lk] score tensor of `dtype` with strides `st` is read and written in
+// 16-byte chunks of 8 keys: 16-bit inputs, the tensor in their dtype, unit key stride, 8-element
+// aligned rows and Lk % 8 == 0 (so a chunk is all inside Lk or all past it).
+inline bool score_rows_in_chunks(const FwdParams& p, DType dtype, const ScoreStrides& st) {
+  return dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
          st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0;
 }
+// Whether a tile bias's layout lets the fast tile path take it (LaunchPlan::tile_fast_slot,
+// which also asks for 16-byte aligned data).
+inline bool tile_layout_fast(const FwdParams& p, const BiasParams& b) {
+  return score_rows_in_chunks(p, b.dtype, b.stride);
+}
 // Whether a bias gradient takes dS from the dK/dV kernel and gives it back to the dQ pass in
-// 16-byte chunks of 8 keys (LaunchPlan::dkdv_ds_slots): the inputs' 16-bit dtype, unit key
-// stride, 8-element aligned rows and Lk % 8 == 0 (so a chunk is all inside Lk or all past it),
-// a 16-byte aligned base.
+// 16-byte chunks of 8 keys (LaunchPlan::dkdv_ds_slots): that layout and a 16-byte aligned base.
 inline bool ds_chunks_storable(const FwdParams& p, const BiasGradParams& g) {
-  const ScoreStrides& st = g.stride;
-  return g.dtype == p.dtype && p.dtype != DType::kF32 && st.k == 1 && st.q % 8 == 0 && st.b % 8 == 0 &&
-         st.n % 8 == 0 && st.h % 8 == 0 && p.Lk % 8 == 0 && reinterpret_cast<uintptr_t>(g.ptr) % 16 == 0;
+  return score_rows_in_chunks(p, g.dtype, g.stride) && reinterpret_cast<uintptr_t>(g.ptr) % 16 == 0;
 }
 // Whether the call has exactly one bias varying along Lq, with a layout tile_layout_fast takes
 // (from the descriptors; the data's alignment is checked at the call).
