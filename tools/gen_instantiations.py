@@ -49,9 +49,10 @@ DKDV_KEY_PAIRS_HEAD_DIMS = [64]
 # in launch_plan.h) at these head dims: "bwd_pair_bias_" files.
 PAIR_BIAS = ("cuda/portable/bwd_pair_bias_kernel.cuh", "run_bwd_pair_bias")
 PAIR_BIAS_HEAD_DIMS = [32, 64]
-# dQ from the dS the dK/dV kernel stored (LaunchPlan::dkdv_ds_slots): every head-dim bucket,
-# "bwd_dq_from_ds_" files.
+# dQ from the dS the dK/dV kernel stored (LaunchPlan::dkdv_ds_slots, which the dK/dV kernel
+# stores up to head-dim bucket 64): "bwd_dq_from_ds_" files.
 DQ_FROM_DS = ("cuda/portable/bwd_dq_from_ds_kernel.cuh", "run_bwd_dq_from_ds")
+DQ_FROM_DS_HEAD_DIMS = [16, 32, 64]
 # The TF32 forward for float32 inputs: one instantiation per head-dim bucket.
 TF32_FWD = ("cuda/portable/fwd_tf32_kernel.cuh", "run_fwd_tf32",
             "(const FwdParams&, const LaunchPlan&, cudaStream_t)")
@@ -121,7 +122,7 @@ def main() -> None:
                     wheader, wfn = DKDV_WIDE
                     write_instantiation(out, f"bwd_dkdv_wide_{dname}_hdim{hd}.cu", wheader,
                                         f"cudaError_t {wfn}<{dtype}, {hd}>{sig}", names)
-                if kernel == "bwd_rows":
+                if kernel == "bwd_rows" and hd in DQ_FROM_DS_HEAD_DIMS:
                     dheader, dfn = DQ_FROM_DS
                     write_instantiation(out, f"bwd_dq_from_ds_{dname}_hdim{hd}.cu", dheader,
                                         f"cudaError_t {dfn}<{dtype}, {hd}>(const BwdParams&, const LaunchPlan&, cudaStream_t)",
@@ -233,6 +234,7 @@ def write_variants_header() -> None:
         + predicate("dkdv_no_tile", DKDV_NO_TILE_HEAD_DIMS, "dK/dV without tile-bias code (DKDV_NO_TILE_HEAD_DIMS).")
         + predicate("dkdv_wide", DKDV_WIDE_HEAD_DIMS, "dK/dV with warps of 32 keys (DKDV_WIDE_HEAD_DIMS).")
         + predicate("dkdv_key_pairs", DKDV_KEY_PAIRS_HEAD_DIMS, "dK/dV in blocks of two key tiles (DKDV_KEY_PAIRS_HEAD_DIMS).")
+        + predicate("dq_from_ds", DQ_FROM_DS_HEAD_DIMS, "dQ read back from a stored dS (DQ_FROM_DS_HEAD_DIMS).")
         + predicate("pair_bias_key_pairs", PAIR_BIAS_HEAD_DIMS, "The pair-bias gradient in key pairs (PAIR_BIAS_HEAD_DIMS).")
         + predicate("hopper_bwd", list(HOPPER_BWD_CONSUMERS), "The Hopper backward (HOPPER_BWD_CONSUMERS).")
         + predicate("hopper_pair_bias", HOPPER_PAIR_BIAS_HEAD_DIMS,

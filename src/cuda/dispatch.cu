@@ -419,7 +419,8 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
   for (int slot = rows_dq ? -1 : 0; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !own_pass(slot)) continue;
     if (slot < 0 && plan.dkdv_ds_slots != 0) {
-      if (cudaError_t e = cuda::run_bwd_dq_from_ds<Element, kHeadDim>(p, plan, stream)) return e;
+      if constexpr (!cuda::variants::dq_from_ds(kHeadDim)) return cudaErrorInvalidValue;
+      else if (cudaError_t e = cuda::run_bwd_dq_from_ds<Element, kHeadDim>(p, plan, stream)) return e;
       continue;
     }
     const cuda::RowsTask task = slot < 0 ? dq_task : tasks[slot];

@@ -88,7 +88,6 @@ list(APPEND EVOATTN_SOURCES
   cuda/portable/instantiations/bwd_pair_bias_fp16_hdim64.cu
   cuda/portable/instantiations/bwd_rows_fp16_hdim128_fast.cu
   cuda/portable/instantiations/bwd_rows_fp16_hdim128_generic.cu
-  cuda/portable/instantiations/bwd_dq_from_ds_fp16_hdim128.cu
   cuda/portable/instantiations/bwd_rows_bf16_hdim16_fast.cu
   cuda/portable/instantiations/bwd_rows_bf16_hdim16_generic.cu
   cuda/portable/instantiations/bwd_dq_from_ds_bf16_hdim16.cu
@@ -102,7 +101,6 @@ list(APPEND EVOATTN_SOURCES
   cuda/portable/instantiations/bwd_pair_bias_bf16_hdim64.cu
   cuda/portable/instantiations/bwd_rows_bf16_hdim128_fast.cu
   cuda/portable/instantiations/bwd_rows_bf16_hdim128_generic.cu
-  cuda/portable/instantiations/bwd_dq_from_ds_bf16_hdim128.cu
   cuda/portable/instantiations/fwd_tf32_hdim16.cu
   cuda/portable/instantiations/fwd_tf32_hdim32.cu
   cuda/portable/instantiations/fwd_tf32_hdim64.cu

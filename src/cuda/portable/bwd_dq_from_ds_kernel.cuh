@@ -3,10 +3,11 @@
 // gradient is dS itself, which the dK/dV kernel stores as it goes (LaunchPlan::dkdv_ds_slots).
 // dQ is then a plain product read back from it, not a pass that computes S, P and dP again:
 //
-//   block = (b, n, h, 64 queries), four warps of 16 queries, walking the key tiles in order:
-//     K tile -> shared memory (cp.async, two stages), read transposed by ldmatrix (B operand)
+//   block = (b, n, h, 64 queries), four warps of 16 queries, walking blocks of 128 keys in order:
+//     K block -> shared memory (cp.async, two stages), read transposed by ldmatrix (B operand)
 //     dS of the warp's rows -> registers straight from the gradient (A operand), the next key
-//       tile's loads issued before this one's products
+//       block's loads (128 bytes a thread) issued before this one's products: the pass is bound
+//       by how many bytes are in flight
 //     acc += dS K
 //   dQ = scale acc. Each element is written by one block after a fixed-order loop:
 //   deterministic. The dS values are the 16-bit ones dK's product took.
@@ -33,11 +34,12 @@ namespace evoattn::cuda {
 
 template <typename Element, int kHeadDim>
 struct DqFromDsTraits {
-  static constexpr int kBlockM = 64, kBlockN = 64, kThreads = 128;
+  static constexpr int kBlockM = 64, kBlockN = 128, kThreads = 128;
+  static constexpr int kGroups = kBlockN / 32;  // 32-key groups: a thread's 16-byte loads a row
   static constexpr int kRowStride = kHeadDim + 8;  // padded K rows: conflict-free ldmatrix
   static constexpr int kKeyElems = kBlockN * kRowStride;
   static constexpr size_t kSmemBytes = 2 * kKeyElems * sizeof(Element);
-  static_assert(kBlockM == kTile && kBlockN == kTile, "the launch plan counts kTile");
+  static_assert(kBlockM == kTile, "the launch plan counts query tiles of kTile");
 };
 
 // Keys [key, key + 8) of one dS row (`row`: null past Lq) as four pairs; zeros past Lk
@@ -50,10 +52,10 @@ __device__ __forceinline__ uint4 load_ds_keys(const Element* row, int64_t key, i
 }
 
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, 1)
     bwd_dq_from_ds_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
   using T = DqFromDsTraits<Element, kHeadDim>;
-  constexpr int kBlockN = T::kBlockN, kRowStride = T::kRowStride, kDTiles = kHeadDim / 8;
+  constexpr int kBlockN = T::kBlockN, kRowStride = T::kRowStride, kDTiles = kHeadDim / 8, kGroups = T::kGroups;
   // dS is the dK/dV kernel's output: wait for it before any load.
   start_after_previous_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -72,9 +74,9 @@ __global__ void __launch_bounds__(128)
     const int64_t i = qt * T::kBlockM + warp * 16 + g + 8 * r;
     rows[r] = i < p.Lq ? ds + i * gp.stride.q : nullptr;
   }
-  // A key tile's dS for this thread: [32-key group][row r], keys 8t .. 8t + 7 of the group.
-  auto load_a = [&](int kt, uint4 (&a)[2][2]) {
-    for (int grp = 0; grp < 2; ++grp)
+  // A key block's dS for this thread: [32-key group][row r], keys 8t .. 8t + 7 of the group.
+  auto load_a = [&](int kt, uint4 (&a)[kGroups][2]) {
+    for (int grp = 0; grp < kGroups; ++grp)
       for (int r = 0; r < 2; ++r) a[grp][r] = load_ds_keys(rows[r], int64_t{kt} * kBlockN + 32 * grp + 8 * t, p.Lk);
   };
   using KCopy = SeqTileCopy<Element, kBlockN, kHeadDim, 128>;
@@ -83,16 +85,17 @@ __global__ void __launch_bounds__(128)
   float acc[kDTiles][4];
   for (int d = 0; d < kDTiles; ++d)
     for (int e = 0; e < 4; ++e) acc[d][e] = 0.0f;
-  uint4 a_next[2][2];
+  const int key_blocks = static_cast<int>((p.Lk + kBlockN - 1) / kBlockN);
+  uint4 a_next[kGroups][2];
   k_copy.copy(sK, 0, p.Lk, p.D, plan.vec_k, tid);
   cp_async_commit();
   load_a(0, a_next);
-  for (int kt = 0; kt < plan.k_tiles; ++kt) {
+  for (int kt = 0; kt < key_blocks; ++kt) {
     const int stage = kt & 1;
-    uint4 a[2][2];
-    for (int grp = 0; grp < 2; ++grp)
+    uint4 a[kGroups][2];
+    for (int grp = 0; grp < kGroups; ++grp)
       for (int r = 0; r < 2; ++r) a[grp][r] = a_next[grp][r];
-    if (kt + 1 < plan.k_tiles) {
+    if (kt + 1 < key_blocks) {
       k_copy.copy(sK + (stage ^ 1) * T::kKeyElems, int64_t{kt + 1} * kBlockN, p.Lk, p.D, plan.vec_k, tid);
       cp_async_commit();
       load_a(kt + 1, a_next);
@@ -100,9 +103,9 @@ __global__ void __launch_bounds__(128)
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();  // this tile's K is in its stage
+    __syncthreads();  // this block's K is in its stage
     const Element* Ks = sK + stage * T::kKeyElems;
-    for (int grp = 0; grp < 2; ++grp) {
+    for (int grp = 0; grp < kGroups; ++grp) {
       for (int s = 0; s < 2; ++s) {
         // Key slots 2t, 2t + 1 | 2t + 8, 2t + 9 <- keys 8t + 4s + {0, 1 | 2, 3} of the group.
         const uint4 &row_g = a[grp][0], &row_g8 = a[grp][1];
