@@ -419,6 +419,10 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
   for (int slot = rows_dq ? -1 : 0; slot < kNumGradSlots; ++slot) {
     if (slot >= 0 && !own_pass(slot)) continue;
     if (slot < 0 && plan.dkdv_ds_slots != 0) {
+      // dkdv_stores_ds and the dK/dV kernel's kStoresDs take buckets up to kMaxFusedDqHeadDim:
+      // each of those has its read-back instantiation, so the error below is for 128 alone.
+      static_assert(kHeadDim > cuda::kMaxFusedDqHeadDim || cuda::variants::dq_from_ds(kHeadDim),
+                    "DQ_FROM_DS_HEAD_DIMS (tools/gen_instantiations.py) covers every bucket that stores dS");
       if constexpr (!cuda::variants::dq_from_ds(kHeadDim)) return cudaErrorInvalidValue;
       else if (cudaError_t e = cuda::run_bwd_dq_from_ds<Element, kHeadDim>(p, plan, stream)) return e;
       continue;
