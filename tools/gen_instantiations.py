@@ -45,6 +45,9 @@ DKDV_WIDE_HEAD_DIMS = [32]
 # The fast dK/dV kernel in blocks of two key tiles (`kKeyTiles` = 2; LaunchPlan::dkdv_key_pairs)
 # at these head dims: "_fast_keypairs" files.
 DKDV_KEY_PAIRS_HEAD_DIMS = [64]
+# The fast dK/dV kernel in clusters of two blocks a key tile, a half of the query tiles each
+# (`kQueryHalves`; LaunchPlan::dkdv_query_halves) at these head dims: "_fast_halves" files.
+DKDV_QUERY_HALVES_HEAD_DIMS = [32]
 # The pair bias's gradient in blocks of two key tiles (fast path, fast tile; pair_bias_key_pairs
 # in launch_plan.h) at these head dims: "bwd_pair_bias_" files.
 PAIR_BIAS = ("cuda/portable/bwd_pair_bias_kernel.cuh", "run_bwd_pair_bias")
@@ -118,6 +121,9 @@ def main() -> None:
                 if kernel == "bwd_dkdv" and hd in DKDV_KEY_PAIRS_HEAD_DIMS:
                     write_instantiation(out, f"bwd_dkdv_{dname}_hdim{hd}_fast_keypairs.cu", header,
                                         f"cudaError_t {fn}<{dtype}, {hd}, true, false, 2>{sig}", names)
+                if kernel == "bwd_dkdv" and hd in DKDV_QUERY_HALVES_HEAD_DIMS:
+                    write_instantiation(out, f"bwd_dkdv_{dname}_hdim{hd}_fast_halves.cu", header,
+                                        f"cudaError_t {fn}<{dtype}, {hd}, true, false, 1, true>{sig}", names)
                 if kernel == "bwd_dkdv" and hd in DKDV_WIDE_HEAD_DIMS:
                     wheader, wfn = DKDV_WIDE
                     write_instantiation(out, f"bwd_dkdv_wide_{dname}_hdim{hd}.cu", wheader,
@@ -234,6 +240,7 @@ def write_variants_header() -> None:
         + predicate("dkdv_no_tile", DKDV_NO_TILE_HEAD_DIMS, "dK/dV without tile-bias code (DKDV_NO_TILE_HEAD_DIMS).")
         + predicate("dkdv_wide", DKDV_WIDE_HEAD_DIMS, "dK/dV with warps of 32 keys (DKDV_WIDE_HEAD_DIMS).")
         + predicate("dkdv_key_pairs", DKDV_KEY_PAIRS_HEAD_DIMS, "dK/dV in blocks of two key tiles (DKDV_KEY_PAIRS_HEAD_DIMS).")
+        + predicate("dkdv_query_halves", DKDV_QUERY_HALVES_HEAD_DIMS, "dK/dV in query halves (DKDV_QUERY_HALVES_HEAD_DIMS).")
         + predicate("dq_from_ds", DQ_FROM_DS_HEAD_DIMS, "dQ read back from a stored dS (DQ_FROM_DS_HEAD_DIMS).")
         + predicate("pair_bias_key_pairs", PAIR_BIAS_HEAD_DIMS, "The pair-bias gradient in key pairs (PAIR_BIAS_HEAD_DIMS).")
         + predicate("hopper_bwd", list(HOPPER_BWD_CONSUMERS), "The Hopper backward (HOPPER_BWD_CONSUMERS).")

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -255,6 +257,30 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
     }
     if (all) plan.dkdv_ds_slots = slots;
   }
+  if (plan.dkdv_ds_slots != 0) {
+    // The read-back in two key halves where its blocks fit one wave: past it they would run in
+    // more waves than one group's (docs/perf/log.md v95). EVOATTN_EXP_DQ_FROM_DS_HALVES=0 or 1
+    // forces one kernel or the other (an experiment switch; the tests run both).
+    int sms = 0;
+    const int64_t blocks = p.B * p.N * p.H * plan.q_tiles;
+    plan.dq_from_ds_halves = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) == cudaSuccess &&
+                             blocks <= int64_t{sms} * cuda::kDqFromDsHalvesBlocksPerSm;
+    if (const char* asked = std::getenv("EVOATTN_EXP_DQ_FROM_DS_HALVES"); asked != nullptr && asked[0] != '\0') {
+      plan.dq_from_ds_halves = std::strcmp(asked, "1") == 0;
+    }
+    // The dK/dV kernel in query halves, by the same rule: where twice its blocks fit one wave
+    // (docs/perf/log.md v96-v98). It needs clusters (sm_90) and two query tiles.
+    // EVOATTN_EXP_DKDV_QUERY_HALVES=0 or 1 forces it off or on where it can run.
+    int major = 0;
+    const bool halves_can = cuda::variants::dkdv_query_halves(head_dim_bucket(p.D)) && plan.q_tiles >= 2 &&
+                            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) == cudaSuccess &&
+                            major >= 9;
+    plan.dkdv_query_halves = halves_can && sms > 0 &&
+                             2 * p.B * p.N * p.H * plan.k_tiles <= int64_t{sms} * cuda::kDkdvQueryHalvesBlocksPerSm;
+    if (const char* asked = std::getenv("EVOATTN_EXP_DKDV_QUERY_HALVES"); asked != nullptr && asked[0] != '\0') {
+      plan.dkdv_query_halves = halves_can && std::strcmp(asked, "1") == 0;
+    }
+  }
   return plan;
 }
 
@@ -400,6 +426,9 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
   }
   auto run_dkdv = [&] {
     if (hopper) return bwd_hopper<Element, kHeadDim>(p, hopper_plan, stream);
+    if constexpr (kFast && cuda::variants::dkdv_query_halves(kHeadDim)) {
+      if (plan.dkdv_query_halves) return cuda::run_bwd_dkdv<Element, kHeadDim, true, false, 1, true>(p, plan, stream);
+    }
     if constexpr (kFast && cuda::variants::dkdv_no_tile(kHeadDim)) {
       if (cuda::dkdv_no_tile(p, kHeadDim)) {
         return cuda::run_bwd_dkdv<Element, kHeadDim, true, true>(p, plan, stream);

@@ -39,24 +39,35 @@ bool env_switch_on(const char* name);
 // EVOATTN_DISABLE_PDL unset or "0" (read at every call; for A/B timing).
 bool dependent_launch_enabled(const void* kernel);
 
+// `cluster` > 1: blocks in thread block clusters of that many along x (sm_90 and later; `blocks`
+// a multiple of it).
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), size_t blocks, int threads, size_t smem_bytes,
-                          cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_kernel_in_clusters(void (*kernel)(Params...), size_t blocks, unsigned cluster, int threads,
+                                      size_t smem_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attrs[2]{};
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
+  config.attrs = attrs;
   if (dependent_launch_enabled(reinterpret_cast<const void*>(kernel))) {
-    config.attrs = &attr;
-    config.numAttrs = 1;
+    attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[config.numAttrs++].val.clusterDim = {cluster, 1, 1};
   }
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) (void)cudaGetLastError();  // as <<<>>> + cudaGetLastError: not sticky
   return err;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), size_t blocks, int threads, size_t smem_bytes,
+                          cudaStream_t stream, Args&&... args) {
+  return launch_kernel_in_clusters(kernel, blocks, 1, threads, smem_bytes, stream, std::forward<Args>(args)...);
 }
 
 // Blocks of `kernel` resident at once on this GPU (a persistent grid: blocks that walk items),

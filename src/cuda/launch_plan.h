@@ -128,6 +128,14 @@ struct LaunchPlan {
   // computes S, P and dP again (bwd_launch_plan). 0: the query-side dQ pass writes them
   // (RowsTask::direct_slots).
   uint32_t dkdv_ds_slots;
+  // With dkdv_ds_slots: the read-back in blocks of two key halves (twice the warps, each with half
+  // the chain), where its blocks fit one wave at kDqFromDsHalvesBlocksPerSm an SM; else one
+  // group of warps a block walks every key (bwd_launch_plan).
+  bool dq_from_ds_halves;
+  // With dkdv_ds_slots: the dK/dV kernel in clusters of two blocks a key tile, each taking half
+  // the query tiles (twice the warps, each with half the chain), where they fit one wave at
+  // kDkdvQueryHalvesBlocksPerSm an SM (bwd_launch_plan; sm_90 and later).
+  bool dkdv_query_halves;
   int32_t dq_width;  // D rounded up to 8
   float* dq_accum;
   int32_t dq_slots;  // min(dq_pool_rows(p), SMs x blocks per SM) >= 1: bwd_launch_plan
@@ -207,6 +215,13 @@ constexpr int kMaxFusedDqHeadDim = 64;
 inline bool dkdv_stores_ds(const FwdParams& p, const LaunchPlan& plan) {
   return bwd_fast_path(plan) && plan.tile_slots != 0 && p.D <= kMaxFusedDqHeadDim;
 }
+
+// Blocks an SM of the dQ read-back in two key halves (DqFromDsTraits: 256 threads at 128
+// registers, 36 KB of shared memory at most).
+constexpr int kDqFromDsHalvesBlocksPerSm = 2;
+// Blocks an SM of the dK/dV kernel in query halves (168 registers: its K and V fragments read
+// from shared memory every step, not held).
+constexpr int kDkdvQueryHalvesBlocksPerSm = 3;
 
 // Which tile bias a forward instantiation is compiled for (its `kTile`): any (runtime), none
 // (plan.tile_slots == 0), the fast tile shared by the block's groups over n (fwd_shared_tile:

@@ -58,6 +58,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/portable/instantiations/bwd_dkdv_fp16_hdim32_fast.cu
   cuda/portable/instantiations/bwd_dkdv_fp16_hdim32_generic.cu
   cuda/portable/instantiations/bwd_dkdv_fp16_hdim32_fast_notile.cu
+  cuda/portable/instantiations/bwd_dkdv_fp16_hdim32_fast_halves.cu
   cuda/portable/instantiations/bwd_dkdv_wide_fp16_hdim32.cu
   cuda/portable/instantiations/bwd_dkdv_fp16_hdim64_fast.cu
   cuda/portable/instantiations/bwd_dkdv_fp16_hdim64_generic.cu
@@ -69,6 +70,7 @@ list(APPEND EVOATTN_SOURCES
   cuda/portable/instantiations/bwd_dkdv_bf16_hdim32_fast.cu
   cuda/portable/instantiations/bwd_dkdv_bf16_hdim32_generic.cu
   cuda/portable/instantiations/bwd_dkdv_bf16_hdim32_fast_notile.cu
+  cuda/portable/instantiations/bwd_dkdv_bf16_hdim32_fast_halves.cu
   cuda/portable/instantiations/bwd_dkdv_wide_bf16_hdim32.cu
   cuda/portable/instantiations/bwd_dkdv_bf16_hdim64_fast.cu
   cuda/portable/instantiations/bwd_dkdv_bf16_hdim64_generic.cu

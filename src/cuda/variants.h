@@ -19,6 +19,8 @@ constexpr bool dkdv_no_tile(int hd) { return hd == 32; }
 constexpr bool dkdv_wide(int hd) { return hd == 32; }
 // dK/dV in blocks of two key tiles (DKDV_KEY_PAIRS_HEAD_DIMS).
 constexpr bool dkdv_key_pairs(int hd) { return hd == 64; }
+// dK/dV in query halves (DKDV_QUERY_HALVES_HEAD_DIMS).
+constexpr bool dkdv_query_halves(int hd) { return hd == 32; }
 // dQ read back from a stored dS (DQ_FROM_DS_HEAD_DIMS).
 constexpr bool dq_from_ds(int hd) { return hd == 16 || hd == 32 || hd == 64; }
 // The pair-bias gradient in key pairs (PAIR_BIAS_HEAD_DIMS).

@@ -1,9 +1,12 @@
 // Backward against the float64 reference gradients over the size grid (every L and D value
 // for each dtype), with both bias gradients, one, or none requested. With Lk = 1, dS is
 // identically 0: dq, dk and the bias gradients are then checked to vanish (attention_case.cpp).
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "attention_case.h"
+#include "scoped_env.h"
 
 namespace evoattn::test {
 namespace {
@@ -112,6 +115,55 @@ TEST_P(Backward, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, Backward, ::testing::ValuesIn(on_backends(grid(), 200)), case_name);
+
+// The N = 1 backward with a pair-bias gradient (LaunchPlan::dkdv_ds_slots: the dK/dV kernel
+// stores dS, a pass reads dQ back from it) in each form of its two kernels: the dK/dV kernel in
+// one block a key tile or in clusters of two query halves (LaunchPlan::dkdv_query_halves, head-dim
+// bucket 32, sm_90), the read-back with one group walking every key or two halves of the keys
+// (LaunchPlan::dq_from_ds_halves). The plan takes both halves where their blocks fit one wave, as
+// these small cases' do; EVOATTN_EXP_DKDV_QUERY_HALVES and EVOATTN_EXP_DQ_FROM_DS_HALVES force
+// each form. CUDA, 16-bit only.
+std::vector<Case> dq_from_ds_cases() {
+  std::vector<Case> cases;
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    // Three key blocks of 64 (the read-back's halves: 2 and 1) with a partial one; two query
+    // tiles, the second partial (the dK/dV halves: one each).
+    cases.push_back(shape(2, 1, 2, 100, 136, 24, dt).biases("bn11k", "b1hqk").grads(true, true));
+    // Three query tiles (the dK/dV halves: 2 and 1), a partial key tile.
+    cases.push_back(shape(1, 1, 2, 150, 96, 32, dt).biases("", "b1hqk").grads(false, true));
+    // One key block: the read-back's second half walks none. Bucket 16: no dK/dV halves.
+    cases.push_back(shape(1, 1, 3, 70, 64, 8, dt).biases("", "b1hqk").grads(false, true));
+    // Nine key blocks (an odd count) at head-dim bucket 64, four query tiles.
+    cases.push_back(shape(1, 1, 2, 200, 520, 64, dt).biases("", "b1hqk").grads(false, true));
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    cases[i].backend = Backend::kCuda;
+    cases[i].seed = 300 + i;
+  }
+  return cases;
+}
+
+class BackwardDqFromDs : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackwardDqFromDs, MatchesReferenceWithEitherKernel) {
+  const Case& c = GetParam();
+  if (backend_missing(c.backend)) GTEST_SKIP() << kNoCudaMessage;
+  const Inputs in = make_inputs(c);
+  const evoattn_options_t options = case_options(c);
+  for (const char* dkdv_halves : {"0", "1"}) {
+    for (const char* dq_halves : {"0", "1"}) {
+      SCOPED_TRACE(std::string("EVOATTN_EXP_DKDV_QUERY_HALVES=") + dkdv_halves +
+                   " EVOATTN_EXP_DQ_FROM_DS_HALVES=" + dq_halves);
+      const ScopedEnv dkdv_env("EVOATTN_EXP_DKDV_QUERY_HALVES", dkdv_halves);
+      const ScopedEnv dq_env("EVOATTN_EXP_DQ_FROM_DS_HALVES", dq_halves);
+      const ForwardRun fwd = run_forward(c, in, &options);
+      ASSERT_EQ(fwd.status, EVOATTN_SUCCESS) << fwd.error;
+      expect_backward_matches(c, in, run_backward(c, in, fwd, &options));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ReadBack, BackwardDqFromDs, ::testing::ValuesIn(dq_from_ds_cases()), case_name);
 
 }  // namespace
 }  // namespace evoattn::test

@@ -1,6 +1,7 @@
 // Thin wrappers over the PTX the kernels use: cp.async (Ampere+), ldmatrix, mma.sync m16n8k16
 // (16-bit) and m16n8k8 (16-bit and TF32), ex2.approx. Everything here exists on sm_80 and later,
-// except griddepcontrol, mbarriers, TMA and stmatrix (sm_90), which compile to nothing before.
+// except griddepcontrol, mbarriers, TMA, stmatrix and clusters (sm_90), which compile to nothing
+// before.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -220,6 +221,28 @@ __device__ __forceinline__ void stmatrix_x4(void* smem, const uint32_t (&r)[4]) 
 // store into two 32-bit ones, whose pairs of lanes then share banks).
 __device__ __forceinline__ void st_shared_v2(void* smem, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr(smem)), "f"(x), "f"(y) : "memory");
+}
+
+// Thread block clusters (sm_90; nothing before, where no cluster is launched). cluster_sync:
+// every thread of every block of the cluster arrives (release) and waits (acquire), so each
+// block's shared-memory writes before it are visible to the others' reads after it.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+// 16 bytes at `smem` (this block's shared memory) in block `rank` of the cluster.
+__device__ __forceinline__ float4 ld_shared_cluster_v4(const void* smem, uint32_t rank) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(smem)), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#endif
+  return v;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -19,6 +19,9 @@
 //              tile writes dQ)
 //   dK *= scale, dQ *= scale. Each block owns its rows of dK and dV, and with fuse_dq the dQ of
 //   its (b, n, h), added in key-tile order: no atomics, deterministic.
+//   plan.dkdv_query_halves (kQueryHalves; dQ in its own pass): a cluster of two blocks a key
+//   tile, block h walking half h of the query tiles; block 1's dK, dV sums reach block 0 through
+//   distributed shared memory, which adds them to its own (half 0 + half 1) and stores.
 //   plan.delta_in_dkdv (key pairs): the first key block's walk also copies each query tile's O
 //   and computes its Delta = dO . O (as row_stats_kernel, the same sums in the same order),
 //   kept in the stage's statistics and written to the workspace for the later key blocks and
@@ -39,7 +42,7 @@
 
 namespace evoattn::cuda {
 
-template <typename Element, int kHeadDim, bool kFast, bool kNoTile, int kKeyTiles = 1>
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile, int kKeyTiles = 1, bool kQueryHalves = false>
 struct BwdKeyTraits {
   static constexpr int kBlockM = 64;  // queries per iteration
   static constexpr int kBlockN = 64 * kKeyTiles;  // keys per block step: 16 per warp
@@ -75,13 +78,17 @@ struct BwdKeyTraits {
   // D = 32 loop spills, and two unspilled blocks ran the backward faster.
   // Without tile-bias code the D = 32 loop fits 168 registers (its spills lie outside the
   // query-tile loop), so that instantiation runs three.
-  static constexpr int kMinBlocksPerSm = kKeyTiles == 2 ? 1 : dkdv_blocks_per_sm(kHeadDim, kNoTile);
+  // Query halves (LaunchPlan::dkdv_query_halves): kDkdvQueryHalvesBlocksPerSm, so that twice the
+  // blocks fit one wave.
+  static constexpr int kMinBlocksPerSm = kQueryHalves     ? kDkdvQueryHalvesBlocksPerSm
+                                         : kKeyTiles == 2 ? 1
+                                                          : dkdv_blocks_per_sm(kHeadDim, kNoTile);
   // The warp's K and V A-fragments (constant over a key tile) are loaded at its first query
   // tile and held in registers, not read from shared memory every query tile (the kernel's
   // busiest unit): 16 registers in the head-dim-32 fast kernel with a tile, which fits them
   // unspilled at 255 (PERF v21). Its no-tile (168) and generic variants
   // spill with them, and 32 at head dim 64 would too.
-  static constexpr bool kHoldKeyFragments = kHeadDim == 32 && kFast && !kNoTile;
+  static constexpr bool kHoldKeyFragments = kHeadDim == 32 && kFast && !kNoTile && !kQueryHalves;
   // Key pairs keep K, V, Q and dO in 128-byte rows with swizzled chunks (SwizzledRows64, in the
   // padded rows' allocation): a warp's 16-byte cp.async into the padded 144-byte rows cost 10-11
   // shared-memory wavefronts instead of 4 (ncu), ~6% of this kernel's shared-memory cycles.
@@ -89,6 +96,12 @@ struct BwdKeyTraits {
   // Stores dS into the bias gradients of plan.dkdv_ds_slots (dkdv_stores_ds): in the other
   // variants that code spilled more of the loop, or cannot run (no tile bias).
   static constexpr bool kStoresDs = kFast && !kNoTile && kKeyTiles == 1 && kHeadDim <= kMaxFusedDqHeadDim;
+  // Query halves: a cluster of two blocks a key tile, block h taking half h of the query tiles,
+  // and block 1's dK and dV partial sums added into block 0's through distributed shared memory
+  // (in Q's and dO's stages, free by then). Only where dQ has a pass of its own.
+  static_assert(!kQueryHalves || kStoresDs, "query halves: the dS-storing variants");
+  static constexpr size_t kPartialBytes = size_t{kBlockN} * kHeadDim * 2 * sizeof(float);
+  static_assert(!kQueryHalves || kPartialBytes <= 4 * kQueryElems * sizeof(Element), "the partials fit Q's and dO's stages");
   static_assert(kSmemBytesFused <= 227 * 1024, "shared memory per block on sm_90");
 };
 
@@ -117,11 +130,11 @@ __device__ __forceinline__ void store_ds_transposed(const uint32_t (&dsa)[4], co
 
 // kFast: the plan satisfies bwd_fast_path(), and the generic paths are compiled out. kNoTile:
 // no bias varies along Lq (plan.tile_slots == 0), and the tile-bias code is compiled out.
-template <typename Element, int kHeadDim, bool kFast, bool kNoTile, int kKeyTiles>
-__global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles>::kThreads,
-                                  BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles>::kMinBlocksPerSm)
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile, int kKeyTiles, bool kQueryHalves>
+__global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles, kQueryHalves>::kThreads,
+                                  BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles, kQueryHalves>::kMinBlocksPerSm)
     bwd_dkdv_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
-  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles>;
+  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles, kQueryHalves>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kRowStride = T::kRowStride;
   constexpr int kTileStride = T::kTileStride, kDsStride = T::kDsStride;
   constexpr int kQTiles = kBlockM / 8;   // 8-query column tiles of S^T
@@ -170,7 +183,18 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   // tile, so neither a key block's nor an item's start waits for its loads.
   constexpr bool kPersistent = kKeyTiles == 2;
   int64_t block = blockIdx.x;
-  const bool fuse_dq = T::kFusesDq && (kResidentDqOnly || plan.fuse_dq);
+  // kQueryHalves: the block's half of the query tiles (its rank in its cluster of two), the
+  // first ceil(q_tiles / 2) or the rest, walked in order.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kQueryHalves) __trap();  // clusters: planned on sm_90 and later only
+#endif
+  const int half = kQueryHalves ? static_cast<int>(blockIdx.x & 1) : 0;
+  if constexpr (kQueryHalves) block >>= 1;
+  const int q_first = half * ((plan.q_tiles + 1) / 2);
+  // Read from the parameters at each use where there are no halves: held in a register across
+  // the step loop, the count pushed the head-dim-64 variant past its 255 registers.
+  auto q_steps = [&] { return kQueryHalves ? (half == 0 ? (plan.q_tiles + 1) / 2 : plan.q_tiles / 2) : plan.q_tiles; };
+  const bool fuse_dq = T::kFusesDq && !kQueryHalves && (kResidentDqOnly || plan.fuse_dq);
   int kt_first = 0, kt_end = kKeyTiles == 1 ? plan.k_tiles : (plan.k_tiles + kKeyTiles - 1) / kKeyTiles;
   if (!fuse_dq) {
     kt_first = static_cast<int>(block % plan.k_tiles);
@@ -315,8 +339,8 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
                 "a staged K tile fits one raw-tile stage");
   auto k_staging = [&](int s) { return reinterpret_cast<Element*>(sRawTile + s * kKeyTiles * RawBiasTile::kElems); };
 
-  load_query_tile(0, 0, delta_here, !delta_here, item);
-  if (fast_tile) load_raw_tile(0, kt_first, 0, item);
+  load_query_tile(q_first, 0, delta_here, !delta_here, item);
+  if (fast_tile) load_raw_tile(q_first, kt_first, 0, item);
   cp_async_commit();
 
   // cp.async groups, in issue order: per key tile its K, V; per query tile the running dQ
@@ -358,9 +382,9 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
 
       uint32_t ka_held[kKSteps][4], va_held[kKSteps][4];  // kHoldKeyFragments: from query step 0
       const bool reverse = (kt - kt_first) & 1;
-      for (int step = 0; step < plan.q_tiles; ++step, ++walk) {
+      for (int step = 0; step < q_steps(); ++step, ++walk) {
         const int stage = walk & 1;
-        const int qt = reverse ? plan.q_tiles - 1 - step : step;
+        const int qt = q_first + (reverse ? q_steps() - 1 - step : step);
         const int64_t i0 = static_cast<int64_t>(qt) * kBlockM;
         if (!kFast && has_tile && !fast_tile) {
           fill_bias_tile_generic(sTile, kTileStride, fill, p, plan, item.b, item.n, item.h, i0, j0);
@@ -376,7 +400,7 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
         }
         cp_async_commit();
         const bool last_kt = kt + 1 == kt_end;
-        const bool last_step = step + 1 == plan.q_tiles;
+        const bool last_step = step + 1 == q_steps();
         const bool item_done = last_step && last_kt;
         const bool has_next = !item_done || has_next_item;
         if (has_next) {
@@ -555,6 +579,32 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
         if constexpr (!kTwoBarriers) __syncthreads();
       }
 
+      if constexpr (kQueryHalves) {
+        // Block 1's dK and dV partial sums into its Q and dO stages (every warp is past its last
+        // reads of them, and no copy is in flight), block 0 adds them to its own: dK = (half 0 +
+        // half 1) scale, the same order every run. Block 1 leaves once block 0 has read them.
+        float4* partial = reinterpret_cast<float4*>(sQ);
+        constexpr int kVectors = kDTiles;  // float4s of acc_dk (and of acc_dv) a thread
+        __syncthreads();
+        if (half == 1) {
+          for (int d = 0; d < kVectors; ++d) {
+            partial[d * T::kThreads + tid] = make_float4(acc_dk[d][0], acc_dk[d][1], acc_dk[d][2], acc_dk[d][3]);
+            partial[(kVectors + d) * T::kThreads + tid] =
+                make_float4(acc_dv[d][0], acc_dv[d][1], acc_dv[d][2], acc_dv[d][3]);
+          }
+        }
+        cluster_sync();
+        if (half == 0) {
+          for (int d = 0; d < kVectors; ++d) {
+            const float4 k1 = ld_shared_cluster_v4(partial + d * T::kThreads + tid, 1);
+            const float4 v1 = ld_shared_cluster_v4(partial + (kVectors + d) * T::kThreads + tid, 1);
+            acc_dk[d][0] += k1.x, acc_dk[d][1] += k1.y, acc_dk[d][2] += k1.z, acc_dk[d][3] += k1.w;
+            acc_dv[d][0] += v1.x, acc_dv[d][1] += v1.y, acc_dv[d][2] += v1.z, acc_dv[d][3] += v1.w;
+          }
+        }
+        cluster_sync();
+        if (half == 1) continue;  // one key tile a block: the loop ends
+      }
       const float scale[2] = {p.scale, p.scale}, one[2] = {1.0f, 1.0f};
       Element* dk = static_cast<Element*>(p.dk) + bnh_offset<SeqStrides, int64_t>(p.dk_stride, item.b, item.n, item.h);
       Element* dv = static_cast<Element*>(p.dv) + bnh_offset<SeqStrides, int64_t>(p.dv_stride, item.b, item.n, item.h);
@@ -573,25 +623,50 @@ __global__ void __launch_bounds__(BwdKeyTraits<Element, kHeadDim, kFast, kNoTile
   }
 }
 
-template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false, int kKeyTiles = 1>
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false, int kKeyTiles = 1, bool kQueryHalves = false>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles>;
+  using T = BwdKeyTraits<Element, kHeadDim, kFast, kNoTile, kKeyTiles, kQueryHalves>;
   if (kNoTile && plan.tile_slots != 0) return cudaErrorInvalidValue;  // dkdv_no_tile
   if (kKeyTiles != 1 && !(plan.fuse_dq && plan.dq_in_smem)) return cudaErrorInvalidValue;
-  auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile, kKeyTiles>;
+  auto kernel = bwd_dkdv_kernel<Element, kHeadDim, kFast, kNoTile, kKeyTiles, kQueryHalves>;
   if (plan.delta_in_dkdv && kKeyTiles != 2) return cudaErrorInvalidValue;
   if (plan.dkdv_ds_slots != 0 && !T::kStoresDs) return cudaErrorInvalidValue;  // dkdv_stores_ds
+  // Query halves: dQ in a pass of its own, and each half at least one query tile.
+  if (kQueryHalves != plan.dkdv_query_halves || (kQueryHalves && (plan.fuse_dq || plan.q_tiles < 2))) {
+    return cudaErrorInvalidValue;
+  }
   const size_t smem = !plan.fuse_dq    ? T::kSmemBytes
                       : plan.dq_in_smem ? dkdv_smem_bytes_resident_dq(plan, kHeadDim, kNoTile, kKeyTiles) +
                                               (plan.delta_in_dkdv ? dkdv_delta_smem_bytes(kHeadDim) : 0)
                                         : T::kSmemBytesFused;
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
-  int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles);
+  if constexpr (kQueryHalves) {
+    // A carveout for kMinBlocksPerSm blocks (with the 1 KB the GPU reserves a block), asked once
+    // a device: the plan counted on that many an SM.
+    int device = 0, per_sm = 0;
+    if (cudaError_t err = cudaGetDevice(&device)) return err;
+    const cudaError_t err = once_per_device_kernel(
+        device, reinterpret_cast<const void*>(kernel), KernelFact::kBlocksPerSm, &per_sm, [&](int* value) {
+          int sm_bytes = 0;
+          if (cudaError_t e = cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device)) {
+            return e;
+          }
+          const int64_t want = int64_t{T::kMinBlocksPerSm} * static_cast<int64_t>(smem + 1024);
+          const int percent = want >= sm_bytes ? 100 : static_cast<int>((want * 100 + sm_bytes - 1) / sm_bytes);
+          if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent)) {
+            return e;
+          }
+          return cudaOccupancyMaxActiveBlocksPerMultiprocessor(value, kernel, T::kThreads, smem);
+        });
+    if (err != cudaSuccess) return err;
+  }
+  int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles) * (kQueryHalves ? 2 : 1);
   if constexpr (kKeyTiles == 2) {  // blocks walk items: at most what the GPU holds at once
     const int64_t resident = resident_blocks(kernel, T::kThreads, smem);
     if (resident > 0 && resident < blocks) blocks = resident;
   }
-  return launch_kernel(kernel, static_cast<size_t>(blocks), T::kThreads, smem, stream, p, plan);
+  return launch_kernel_in_clusters(kernel, static_cast<size_t>(blocks), kQueryHalves ? 2 : 1, T::kThreads, smem, stream,
+                                   p, plan);
 }
 
 }  // namespace evoattn::cuda

@@ -3,14 +3,22 @@
 // gradient is dS itself, which the dK/dV kernel stores as it goes (LaunchPlan::dkdv_ds_slots).
 // dQ is then a plain product read back from it, not a pass that computes S, P and dP again:
 //
-//   block = (b, n, h, 64 queries), four warps of 16 queries, walking blocks of 128 keys in order:
-//     K block -> shared memory (cp.async, two stages), read transposed by ldmatrix (B operand)
-//     dS of the warp's rows -> registers straight from the gradient (A operand), the next key
-//       block's loads (128 bytes a thread) issued before this one's products: the pass is bound
-//       by how many bytes are in flight
+//   block = (b, n, h, 64 queries), kHalves groups of four warps (16 queries a warp), group kh
+//   walking the key blocks kh, kh + kHalves, ... in order:
+//     K block -> the group's shared memory (cp.async, two stages), read transposed by ldmatrix
+//       (B operand)
+//     dS of the warp's rows -> registers straight from the gradient (A operand), the group's
+//       next key block's loads issued before this one's products
 //     acc += dS K
-//   dQ = scale acc. Each element is written by one block after a fixed-order loop:
-//   deterministic. The dS values are the 16-bit ones dK's product took.
+//   with two halves, half 1's sums then go through shared memory into half 0's. dQ = scale acc,
+//   written by one block in a fixed order: deterministic. The dS values are the 16-bit ones
+//   dK's product took.
+//
+// The pass is bound by latency: where B N H is small (AlphaFold 3's N = 1) it runs one or two
+// warps a scheduler. One group walks 128-key blocks (128 bytes a thread in flight); two halves
+// walk 64-key blocks, twice the warps with half the chain each, at 128 registers so that two
+// blocks fit an SM. The plan takes the halves where their blocks fit one wave
+// (LaunchPlan::dq_from_ds_halves): past it they run in more waves than one group's blocks.
 //
 // A thread loads 8 adjacent keys of a row at once (16 bytes: ds_chunks_storable):
 // the product sums over keys in any order, so a k-step's key slots 2t, 2t + 1, 2t + 8, 2t + 9
@@ -32,14 +40,21 @@
 
 namespace evoattn::cuda {
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kHalves>
 struct DqFromDsTraits {
-  static constexpr int kBlockM = 64, kBlockN = 128, kThreads = 128;
+  static constexpr int kBlockM = 64, kGroupThreads = 128;
+  static constexpr int kBlockN = kHalves == 1 ? 128 : 64;  // keys a group's step
+  static constexpr int kThreads = kHalves * kGroupThreads;
+  static constexpr int kMinBlocksPerSm = kHalves == 1 ? 1 : kDqFromDsHalvesBlocksPerSm;
   static constexpr int kGroups = kBlockN / 32;  // 32-key groups: a thread's 16-byte loads a row
   static constexpr int kRowStride = kHeadDim + 8;  // padded K rows: conflict-free ldmatrix
   static constexpr int kKeyElems = kBlockN * kRowStride;
-  static constexpr size_t kSmemBytes = 2 * kKeyElems * sizeof(Element);
+  // Two stages of K a group; after the walk the same bytes hold half 1's sums.
+  static constexpr size_t kSumBytes = kHalves == 1 ? 0 : size_t{kGroupThreads} * (kHeadDim / 8) * 4 * sizeof(float);
+  static constexpr size_t kKeyBytes = 2 * kHalves * kKeyElems * sizeof(Element);
+  static constexpr size_t kSmemBytes = kKeyBytes > kSumBytes ? kKeyBytes : kSumBytes;
   static_assert(kBlockM == kTile, "the launch plan counts query tiles of kTile");
+  static_assert(kHalves == 1 || kHalves == 2, "one group, or two halves of the keys");
 };
 
 // Keys [key, key + 8) of one dS row (`row`: null past Lq) as four pairs; zeros past Lk
@@ -51,18 +66,21 @@ __device__ __forceinline__ uint4 load_ds_keys(const Element* row, int64_t key, i
   return *reinterpret_cast<const uint4*>(row + key);
 }
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(128, 1)
+template <typename Element, int kHeadDim, int kHalves>
+__global__ void __launch_bounds__(DqFromDsTraits<Element, kHeadDim, kHalves>::kThreads,
+                                  DqFromDsTraits<Element, kHeadDim, kHalves>::kMinBlocksPerSm)
     bwd_dq_from_ds_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ LaunchPlan plan) {
-  using T = DqFromDsTraits<Element, kHeadDim>;
+  using T = DqFromDsTraits<Element, kHeadDim, kHalves>;
   constexpr int kBlockN = T::kBlockN, kRowStride = T::kRowStride, kDTiles = kHeadDim / 8, kGroups = T::kGroups;
   // dS is the dK/dV kernel's output: wait for it before any load.
   start_after_previous_grid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Element* sK = reinterpret_cast<Element*>(smem_raw);  // [2 stages][kBlockN][kRowStride]
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = threadIdx.x, lane = tid % 32, half = kHalves == 1 ? 0 : tid / T::kGroupThreads;
+  const int htid = kHalves == 1 ? tid : tid % T::kGroupThreads, warp = htid / 32;  // within the group
   const int g = lane / 4, t = lane % 4;
+  // The group's two stages of K: [2][kBlockN][kRowStride].
+  Element* sK = reinterpret_cast<Element*>(smem_raw) + half * 2 * T::kKeyElems;
   const int64_t qt = blockIdx.x % plan.q_tiles, bnh = blockIdx.x / plan.q_tiles;
   const int64_t h = bnh % p.H, n = bnh / p.H % p.N, b = bnh / p.H / p.N;
   const int slot = __ffs(static_cast<int>(plan.dkdv_ds_slots)) - 1;
@@ -79,31 +97,44 @@ __global__ void __launch_bounds__(128, 1)
     for (int grp = 0; grp < kGroups; ++grp)
       for (int r = 0; r < 2; ++r) a[grp][r] = load_ds_keys(rows[r], int64_t{kt} * kBlockN + 32 * grp + 8 * t, p.Lk);
   };
-  using KCopy = SeqTileCopy<Element, kBlockN, kHeadDim, 128>;
+  using KCopy = SeqTileCopy<Element, kBlockN, kHeadDim, T::kGroupThreads>;
   const KCopy k_copy{row_ptr<Element>(p.k, p.k_stride, b, n, h)};
+  // The group's barrier: the block's with one group; with two, each half's named barrier, by
+  // constant ids (a computed id makes ptxas reserve all sixteen; 0 is __syncthreads).
+  auto group_sync = [&] {
+    if (kHalves == 1) {
+      __syncthreads();
+    } else if (half == 0) {
+      named_barrier_sync(1, T::kGroupThreads);
+    } else {
+      named_barrier_sync(2, T::kGroupThreads);
+    }
+  };
 
   float acc[kDTiles][4];
   for (int d = 0; d < kDTiles; ++d)
     for (int e = 0; e < 4; ++e) acc[d][e] = 0.0f;
   const int key_blocks = static_cast<int>((p.Lk + kBlockN - 1) / kBlockN);
   uint4 a_next[kGroups][2];
-  k_copy.copy(sK, 0, p.Lk, p.D, plan.vec_k, tid);
-  cp_async_commit();
-  load_a(0, a_next);
-  for (int kt = 0; kt < key_blocks; ++kt) {
-    const int stage = kt & 1;
+  if (half < key_blocks) {
+    k_copy.copy(sK, int64_t{half} * kBlockN, p.Lk, p.D, plan.vec_k, htid);
+    cp_async_commit();
+    load_a(half, a_next);
+  }
+  for (int kt = half, stage = 0; kt < key_blocks; kt += kHalves, stage ^= 1) {
     uint4 a[kGroups][2];
     for (int grp = 0; grp < kGroups; ++grp)
       for (int r = 0; r < 2; ++r) a[grp][r] = a_next[grp][r];
-    if (kt + 1 < key_blocks) {
-      k_copy.copy(sK + (stage ^ 1) * T::kKeyElems, int64_t{kt + 1} * kBlockN, p.Lk, p.D, plan.vec_k, tid);
+    const int next = kt + kHalves;
+    if (next < key_blocks) {
+      k_copy.copy(sK + (stage ^ 1) * T::kKeyElems, int64_t{next} * kBlockN, p.Lk, p.D, plan.vec_k, htid);
       cp_async_commit();
-      load_a(kt + 1, a_next);
+      load_a(next, a_next);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();  // this block's K is in its stage
+    group_sync();  // this block's K is in the group's stage
     const Element* Ks = sK + stage * T::kKeyElems;
     for (int grp = 0; grp < kGroups; ++grp) {
       for (int s = 0; s < 2; ++s) {
@@ -123,7 +154,20 @@ __global__ void __launch_bounds__(128, 1)
         }
       }
     }
-    __syncthreads();  // every warp has read the stage the next iteration's copy overwrites
+    group_sync();  // the group has read the stage its next copy overwrites
+  }
+  if constexpr (kHalves == 2) {
+    // Half 1's sums to shared memory ([d][e][thread]: conflict-free), then added to half 0's.
+    float* sums = reinterpret_cast<float*>(smem_raw);
+    __syncthreads();  // both halves are done with K
+    if (half == 1) {
+      for (int d = 0; d < kDTiles; ++d)
+        for (int e = 0; e < 4; ++e) sums[(d * 4 + e) * T::kGroupThreads + htid] = acc[d][e];
+    }
+    __syncthreads();
+    if (half == 1) return;
+    for (int d = 0; d < kDTiles; ++d)
+      for (int e = 0; e < 4; ++e) acc[d][e] += sums[(d * 4 + e) * T::kGroupThreads + htid];
   }
   const float scale[2] = {p.scale, p.scale};
   Element* dq = static_cast<Element*>(p.dq) + b * p.dq_stride.b + n * p.dq_stride.n + h * p.dq_stride.h;
@@ -131,14 +175,20 @@ __global__ void __launch_bounds__(128, 1)
                                    plan.pairs_dq, lane, scale);
 }
 
-template <typename Element, int kHeadDim>
-cudaError_t run_bwd_dq_from_ds(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
-  using T = DqFromDsTraits<Element, kHeadDim>;
-  if (plan.dkdv_ds_slots == 0) return cudaErrorInvalidValue;
-  auto kernel = bwd_dq_from_ds_kernel<Element, kHeadDim>;
+template <typename Element, int kHeadDim, int kHalves>
+cudaError_t launch_dq_from_ds(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  using T = DqFromDsTraits<Element, kHeadDim, kHalves>;
+  auto kernel = bwd_dq_from_ds_kernel<Element, kHeadDim, kHalves>;
   if (cudaError_t err = reserve_smem(kernel, T::kSmemBytes)) return err;
   const size_t blocks = static_cast<size_t>(p.B * p.N * p.H * plan.q_tiles);
   return launch_kernel(kernel, blocks, T::kThreads, T::kSmemBytes, stream, p, plan);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_dq_from_ds(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  if (plan.dkdv_ds_slots == 0) return cudaErrorInvalidValue;
+  return plan.dq_from_ds_halves ? launch_dq_from_ds<Element, kHeadDim, 2>(p, plan, stream)
+                                : launch_dq_from_ds<Element, kHeadDim, 1>(p, plan, stream);
 }
 
 }  // namespace evoattn::cuda

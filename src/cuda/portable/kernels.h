@@ -20,8 +20,9 @@ template <typename Element, int kHeadDim, int kGroups, bool kFast, FwdTile kTile
           bool kKeyBias = true, bool kTma = false>
 cudaError_t run_fwd(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 // The dK/dV kernel's kNoTile: compiled without tile-bias code (dkdv_no_tile); kKeyTiles = 2:
-// two key tiles a block (LaunchPlan::dkdv_key_pairs).
-template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false, int kKeyTiles = 1>
+// two key tiles a block (LaunchPlan::dkdv_key_pairs); kQueryHalves: clusters of two blocks a key
+// tile (LaunchPlan::dkdv_query_halves).
+template <typename Element, int kHeadDim, bool kFast, bool kNoTile = false, int kKeyTiles = 1, bool kQueryHalves = false>
 cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream);
 // The dK/dV kernel with warps of 32 keys (LaunchPlan::dkdv_wide; fast path, fast tile).
 template <typename Element, int kHeadDim>
