@@ -271,10 +271,12 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
     // The dK/dV kernel in query halves, by the same rule: where twice its blocks fit one wave
     // (docs/perf/log.md v96-v98). It needs clusters (sm_90) and two query tiles.
     // EVOATTN_EXP_DKDV_QUERY_HALVES=0 or 1 forces it off or on where it can run.
-    int major = 0;
+    int major = 0, clusters = 0;
     const bool halves_can = cuda::variants::dkdv_query_halves(head_dim_bucket(p.D)) && plan.q_tiles >= 2 &&
                             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) == cudaSuccess &&
-                            major >= 9;
+                            major >= 9 &&
+                            cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, p.device) == cudaSuccess &&
+                            clusters != 0;
     plan.dkdv_query_halves = halves_can && sms > 0 &&
                              2 * p.B * p.N * p.H * plan.k_tiles <= int64_t{sms} * cuda::kDkdvQueryHalvesBlocksPerSm;
     if (const char* asked = std::getenv("EVOATTN_EXP_DKDV_QUERY_HALVES"); asked != nullptr && asked[0] != '\0') {
@@ -427,7 +429,15 @@ cudaError_t bwd_mma_path(const BwdParams& p, const LaunchPlan& plan, const Works
   auto run_dkdv = [&] {
     if (hopper) return bwd_hopper<Element, kHeadDim>(p, hopper_plan, stream);
     if constexpr (kFast && cuda::variants::dkdv_query_halves(kHeadDim)) {
-      if (plan.dkdv_query_halves) return cuda::run_bwd_dkdv<Element, kHeadDim, true, false, 1, true>(p, plan, stream);
+      if (plan.dkdv_query_halves) {
+        const cudaError_t e = cuda::run_bwd_dkdv<Element, kHeadDim, true, false, 1, true>(p, plan, stream);
+        if (e != cudaErrorNotSupported) return e;
+        // Its image has no sm_90 code (or its shared memory does not fit, which the one-block
+        // form then reports too): the one-block form. Only the dK/dV kernel reads the flag.
+        LaunchPlan single = plan;
+        single.dkdv_query_halves = false;
+        return cuda::run_bwd_dkdv<Element, kHeadDim, true>(p, single, stream);
+      }
     }
     if constexpr (kFast && cuda::variants::dkdv_no_tile(kHeadDim)) {
       if (cuda::dkdv_no_tile(p, kHeadDim)) {

@@ -55,6 +55,11 @@ bool env_switch_on(const char* name) {
   return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
 }
 
+bool kernel_image_from_sm90(const void* kernel) {
+  int device = 0;
+  return cudaGetDevice(&device) == cudaSuccess && image_has_griddepcontrol(device, kernel);
+}
+
 bool dependent_launch_enabled(const void* kernel) {
   if (env_switch_on("EVOATTN_DISABLE_PDL")) return false;
   int device = 0, major = 0;

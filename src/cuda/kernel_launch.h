@@ -39,6 +39,11 @@ bool env_switch_on(const char* name);
 // EVOATTN_DISABLE_PDL unset or "0" (read at every call; for A/B timing).
 bool dependent_launch_enabled(const void* kernel);
 
+// Whether `kernel`'s image on the current device was compiled from compute_90 or later PTX, so
+// that its sm_90 instructions (griddepcontrol, clusters) are there: not where a build without
+// sm_90 code runs JIT-compiled compute_80 PTX on a newer GPU.
+bool kernel_image_from_sm90(const void* kernel);
+
 // `cluster` > 1: blocks in thread block clusters of that many along x (sm_90 and later; `blocks`
 // a multiple of it).
 template <typename... Params, typename... Args>

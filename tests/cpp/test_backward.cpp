@@ -131,6 +131,9 @@ std::vector<Case> dq_from_ds_cases() {
     cases.push_back(shape(2, 1, 2, 100, 136, 24, dt).biases("bn11k", "b1hqk").grads(true, true));
     // Three query tiles (the dK/dV halves: 2 and 1), a partial key tile.
     cases.push_back(shape(1, 1, 2, 150, 96, 32, dt).biases("", "b1hqk").grads(false, true));
+    // Five query tiles (3 and 2: half 1 walks more than one) and four (2 and 2).
+    cases.push_back(shape(1, 1, 2, 300, 136, 32, dt).biases("", "b1hqk").grads(false, true));
+    cases.push_back(shape(1, 1, 1, 256, 72, 24, dt).biases("bn11k", "b1hqk").grads(true, true));
     // One key block: the read-back's second half walks none. Bucket 16: no dK/dV halves.
     cases.push_back(shape(1, 1, 3, 70, 64, 8, dt).biases("", "b1hqk").grads(false, true));
     // Nine key blocks (an odd count) at head-dim bucket 64, four query tiles.

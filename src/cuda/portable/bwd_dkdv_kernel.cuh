@@ -639,6 +639,11 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
                       : plan.dq_in_smem ? dkdv_smem_bytes_resident_dq(plan, kHeadDim, kNoTile, kKeyTiles) +
                                               (plan.delta_in_dkdv ? dkdv_delta_smem_bytes(kHeadDim) : 0)
                                         : T::kSmemBytesFused;
+  if constexpr (kQueryHalves) {
+    // A build without sm_90 code, JIT-compiled on a newer GPU, has no cluster instructions: the
+    // caller takes the one-block form (dispatch.cu).
+    if (!kernel_image_from_sm90(reinterpret_cast<const void*>(kernel))) return cudaErrorNotSupported;
+  }
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   if constexpr (kQueryHalves) {
     // A carveout for kMinBlocksPerSm blocks (with the 1 KB the GPU reserves a block), asked once
