@@ -258,16 +258,20 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
     if (all) plan.dkdv_ds_slots = slots;
   }
   if (plan.dkdv_ds_slots != 0) {
+    // An experiment switch (A/B timings; the tests run both forms): `name` set to "1" takes the
+    // form, any other non-empty value the other one; unset or empty, the rule's choice.
+    auto chosen = [](const char* name, bool rule) {
+      const char* asked = std::getenv(name);
+      return asked != nullptr && asked[0] != '\0' ? std::strcmp(asked, "1") == 0 : rule;
+    };
     // The read-back in two key halves where its blocks fit one wave: past it they would run in
     // more waves than one group's (docs/perf/log.md v95). EVOATTN_EXP_DQ_FROM_DS_HALVES=0 or 1
-    // forces one kernel or the other (an experiment switch; the tests run both).
+    // forces one kernel or the other.
     int sms = 0;
     const int64_t blocks = p.B * p.N * p.H * plan.q_tiles;
-    plan.dq_from_ds_halves = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) == cudaSuccess &&
-                             blocks <= int64_t{sms} * cuda::kDqFromDsHalvesBlocksPerSm;
-    if (const char* asked = std::getenv("EVOATTN_EXP_DQ_FROM_DS_HALVES"); asked != nullptr && asked[0] != '\0') {
-      plan.dq_from_ds_halves = std::strcmp(asked, "1") == 0;
-    }
+    plan.dq_from_ds_halves = chosen("EVOATTN_EXP_DQ_FROM_DS_HALVES",
+                                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device) == cudaSuccess &&
+                                        blocks <= int64_t{sms} * cuda::kDqFromDsHalvesBlocksPerSm);
     // The dK/dV kernel in query halves, by the same rule: where twice its blocks fit one wave
     // (docs/perf/log.md v96-v98). It needs clusters (sm_90) and two query tiles.
     // EVOATTN_EXP_DKDV_QUERY_HALVES=0 or 1 forces it off or on where it can run.
@@ -277,11 +281,9 @@ LaunchPlan bwd_launch_plan(const BwdParams& p) {
                             major >= 9 &&
                             cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, p.device) == cudaSuccess &&
                             clusters != 0;
-    plan.dkdv_query_halves = halves_can && sms > 0 &&
-                             2 * p.B * p.N * p.H * plan.k_tiles <= int64_t{sms} * cuda::kDkdvQueryHalvesBlocksPerSm;
-    if (const char* asked = std::getenv("EVOATTN_EXP_DKDV_QUERY_HALVES"); asked != nullptr && asked[0] != '\0') {
-      plan.dkdv_query_halves = halves_can && std::strcmp(asked, "1") == 0;
-    }
+    plan.dkdv_query_halves =
+        halves_can && chosen("EVOATTN_EXP_DKDV_QUERY_HALVES",
+                             sms > 0 && 2 * p.B * p.N * p.H * plan.k_tiles <= int64_t{sms} * cuda::kDkdvQueryHalvesBlocksPerSm);
   }
   return plan;
 }

@@ -55,6 +55,26 @@ bool env_switch_on(const char* name) {
   return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
 }
 
+cudaError_t carveout_for_blocks(int device, const void* kernel, int blocks_per_sm, int threads, size_t smem_bytes,
+                                int* per_sm) {
+  return once_per_device_kernel(device, kernel, KernelFact::kBlocksPerSm, per_sm, [&](int* value) {
+    int sm_bytes = 0;
+    if (cudaError_t err = cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device)) {
+      return err;
+    }
+    const int64_t want = int64_t{blocks_per_sm} * static_cast<int64_t>(smem_bytes + 1024);
+    const int percent = want >= sm_bytes ? 100 : static_cast<int>((want * 100 + sm_bytes - 1) / sm_bytes);
+    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent)) {
+      return err;
+    }
+    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(value, kernel, threads, smem_bytes)) {
+      return err;
+    }
+    *value = *value < 1 ? 1 : *value > blocks_per_sm ? blocks_per_sm : *value;
+    return cudaSuccess;
+  });
+}
+
 bool kernel_image_from_sm90(const void* kernel) {
   int device = 0;
   return cudaGetDevice(&device) == cudaSuccess && image_has_griddepcontrol(device, kernel);

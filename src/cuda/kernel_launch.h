@@ -44,6 +44,12 @@ bool dependent_launch_enabled(const void* kernel);
 // sm_90 code runs JIT-compiled compute_80 PTX on a newer GPU.
 bool kernel_image_from_sm90(const void* kernel);
 
+// Asks, once a (device, kernel), for the shared-memory carveout that holds `blocks_per_sm` blocks
+// of `smem_bytes` each (with the 1 KB the GPU reserves a block; the rest stays L1), and gives in
+// *per_sm the blocks an SM then holds, between 1 and blocks_per_sm.
+cudaError_t carveout_for_blocks(int device, const void* kernel, int blocks_per_sm, int threads, size_t smem_bytes,
+                                int* per_sm);
+
 // `cluster` > 1: blocks in thread block clusters of that many along x (sm_90 and later; `blocks`
 // a multiple of it).
 template <typename... Params, typename... Args>

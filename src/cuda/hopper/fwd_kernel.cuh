@@ -504,26 +504,11 @@ cudaError_t run_fwd(const FwdParams& p, const FwdPlan& plan, cudaStream_t stream
   int per_sm = 1;
   if constexpr (L::kBlocksPerSm > 1) {
     // As many blocks as the SM holds, so that no persistent block waits for another to end: the
-    // carveout asked for kBlocksPerSm blocks (with the 1 KB the GPU reserves a block; the rest
-    // stays L1), then the occupancy it gives.
-    const cudaError_t e = once_per_device_kernel(
-        p.device, reinterpret_cast<const void*>(kernel), KernelFact::kBlocksPerSm, &per_sm, [&](int* value) {
-          int sm_bytes = 0;
-          if (cudaError_t err = cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device)) {
-            return err;
-          }
-          const int64_t want = int64_t{L::kBlocksPerSm} * (kBytes + 1024);
-          const int percent = want >= sm_bytes ? 100 : static_cast<int>((want * 100 + sm_bytes - 1) / sm_bytes);
-          if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent)) {
-            return err;
-          }
-          if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(value, kernel, L::kThreads, kBytes)) {
-            return err;
-          }
-          *value = *value < 1 ? 1 : *value > L::kBlocksPerSm ? L::kBlocksPerSm : *value;
-          return cudaSuccess;
-        });
-    if (e != cudaSuccess) return e;
+    // carveout asked for kBlocksPerSm blocks, then the occupancy it gives.
+    if (cudaError_t e = carveout_for_blocks(p.device, reinterpret_cast<const void*>(kernel), L::kBlocksPerSm,
+                                            L::kThreads, kBytes, &per_sm)) {
+      return e;
+    }
   }
   const int64_t items = p.B * fwd_item_ns<L::kNs>(plan, p) * p.H * plan.q_blocks, slots = int64_t{sms} * per_sm;  // fwd_usable: below 2^31
   const size_t blocks = static_cast<size_t>(items < slots ? items : slots);  // persistent: every block resident

@@ -646,24 +646,13 @@ cudaError_t run_bwd_dkdv(const BwdParams& p, const LaunchPlan& plan, cudaStream_
   }
   if (cudaError_t err = reserve_smem(kernel, smem)) return err;
   if constexpr (kQueryHalves) {
-    // A carveout for kMinBlocksPerSm blocks (with the 1 KB the GPU reserves a block), asked once
-    // a device: the plan counted on that many an SM.
+    // A carveout for kMinBlocksPerSm blocks: the plan counted on that many an SM.
     int device = 0, per_sm = 0;
     if (cudaError_t err = cudaGetDevice(&device)) return err;
-    const cudaError_t err = once_per_device_kernel(
-        device, reinterpret_cast<const void*>(kernel), KernelFact::kBlocksPerSm, &per_sm, [&](int* value) {
-          int sm_bytes = 0;
-          if (cudaError_t e = cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device)) {
-            return e;
-          }
-          const int64_t want = int64_t{T::kMinBlocksPerSm} * static_cast<int64_t>(smem + 1024);
-          const int percent = want >= sm_bytes ? 100 : static_cast<int>((want * 100 + sm_bytes - 1) / sm_bytes);
-          if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent)) {
-            return e;
-          }
-          return cudaOccupancyMaxActiveBlocksPerMultiprocessor(value, kernel, T::kThreads, smem);
-        });
-    if (err != cudaSuccess) return err;
+    if (cudaError_t err = carveout_for_blocks(device, reinterpret_cast<const void*>(kernel), T::kMinBlocksPerSm,
+                                              T::kThreads, smem, &per_sm)) {
+      return err;
+    }
   }
   int64_t blocks = p.B * p.N * p.H * (plan.fuse_dq ? 1 : plan.k_tiles) * (kQueryHalves ? 2 : 1);
   if constexpr (kKeyTiles == 2) {  // blocks walk items: at most what the GPU holds at once
