@@ -96,8 +96,9 @@ std::vector<Case> grid() {
       cases.push_back(own24_no_keys);
     }
   }
-  // A caller-given scale: in float32, and in bf16 with Lk % 8 == 0: 0.37 on the CUDA fast
-  // kernels, -0.5, 1e5 and 1e-6 outside LaunchPlan::scale_fast, on the generic ones.
+  // A caller-given scale: in float32, and in bf16 with Lk % 8 == 0 on the CUDA fast kernels,
+  // which take any scale; -0.5 and 1e-6 lie below the Hopper forward's kFwdMinScale (2^-16),
+  // so on an H100 those run the portable kernels wherever the Hopper family would take the call.
   Case scaled = shape(2, 2, 2, 17, 33, 32, EVOATTN_FLOAT32).biases("bn11k", "b1hqk");
   scaled.scale = 0.37;
   cases.push_back(scaled);
