@@ -4,8 +4,9 @@
 # prepared in session 86 and not yet run (docs/perf/prepared/README.md, item 0).
 #   usage here (no GPU; clean tree; about 30 minutes on 2 cores: v100 changes launch_plan.h):
 #          docs/perf/prepared/v100-v101-call.sh build     -> build-s86/bins.txz
-#   on the GPU machine (the device tool's carry ["build-s86/bins.txz"]; about 7 minutes):
-#          docs/perf/prepared/v100-v101-call.sh run       (DKDV=1 adds the dK/dV profile)
+#   on the GPU machine (the device tool's carry ["build-s86/bins.txz"]):
+#          docs/perf/prepared/v100-v101-call.sh run       (about 5 minutes; PROF=1 adds apb768's
+#          forward profile, DKDV=1 its dK/dV kernel's, up to 150 s each)
 #   binaries: v0t = main + v101's tests (main's kernels: the defect), v1 = main + v101,
 #   v2 = v1 + v100.
 set -uo pipefail
@@ -53,7 +54,7 @@ for round in 1 2; do for v in v0t v1; do
   timeout 60 "build-s86/$v/tools/cli/evoattn" bench --suite --backend cuda --dtype bf16 --forward-only 2>&1 |
     awk 'NR > 3' | tee "$OUT/fwd_${v}_$round.txt" | awk -v t="$v.$round" '{print t, $0}'
 done; done
-# 4. apb768's kernels one by one and its forward's warp states (main's binary; item 1).
+# 4. apb768's kernels one by one, and (PROF, DKDV) their warp states (main's binary; item 1).
 CLI=$B0/tools/cli/evoattn timeout 60 bash scripts/kernel_times.sh apb768 2>&1 | tail -12
-CLI=$B0/tools/cli/evoattn OUT=$OUT/prof timeout 150 bash scripts/profile_stalls.sh apb768 'fwd_kernel<__nv_bfloat16, 24' apb768fwd 2>&1 | tail -40
+[ -z "${PROF:-}" ] || CLI=$B0/tools/cli/evoattn OUT=$OUT/prof timeout 150 bash scripts/profile_stalls.sh apb768 'fwd_kernel<__nv_bfloat16, 24' apb768fwd 2>&1 | tail -40
 [ -z "${DKDV:-}" ] || CLI=$B0/tools/cli/evoattn OUT=$OUT/prof timeout 150 bash scripts/profile_stalls.sh apb768 'bwd_dkdv_kernel<__nv_bfloat16, 24' apb768dkdv 2>&1 | tail -40
