@@ -123,15 +123,15 @@ void make_rows_masked(const Case& c, Inputs& in) {
     util::fill_value(narrow(in.mask.view, {0, 0}), 0.0);
     util::fill_value(narrow(in.mask_bias.view, {c.B - 1, c.N - 1}), -kInf);
   } else if (c.masked_rows == MaskedRows::kMinus1e9) {
-    util::fill_value(narrow(in.mask_bias.view, {0, 0}), -1e9);
-    util::fill_value(narrow(in.mask_bias.view, {c.B - 1, c.N - 1}), -1e9);
+    util::fill_value(narrow(in.mask_bias.view, {0, 0}), c.big_bias);
+    util::fill_value(narrow(in.mask_bias.view, {c.B - 1, c.N - 1}), c.big_bias);
   } else if (c.masked_rows == MaskedRows::kPairMinusInf) {
     util::fill_value(narrow(in.pair_bias.view, {0, 0, 0, 0}), -kInf);
     for (int64_t k : {int64_t{0}, std::min<int64_t>(3, c.Lk - 1), c.Lk - 1}) {
       util::fill_value(narrow(in.pair_bias.view, {0, 0, 0, std::min<int64_t>(1, c.Lq - 1), k}), -kInf);
     }
   } else if (c.masked_rows == MaskedRows::kPairMinus1e9) {
-    util::fill_value(narrow(in.pair_bias.view, {0, 0, 0, 0}), -1e9);
+    util::fill_value(narrow(in.pair_bias.view, {0, 0, 0, 0}), c.big_bias);
   } else if (c.masked_rows == MaskedRows::kFirstKeyTile) {
     for (int64_t k = 0; k < std::min<int64_t>(64, c.Lk); ++k) {
       util::fill_value(narrow(in.mask_bias.view, {0, 0, 0, 0, k}), -1e9);
@@ -186,6 +186,7 @@ std::string Case::name() const {
   if (masked_rows == MaskedRows::kPairMinusInf) s << "_pairinf";
   if (masked_rows == MaskedRows::kPairMinus1e9) s << "_pair1e9";
   if (masked_rows == MaskedRows::kFirstKeyTile) s << "_firsttile";
+  if (big_bias != -1e9) s << "_big" << static_cast<int64_t>(-big_bias / 1e8) << "e8";
   if (layout != Layout::kContiguous) s << "_in_" << layout_name(layout);
   if (out_layout != Layout::kContiguous) s << "_out_" << layout_name(out_layout);
   if (scale != 0.0) s << "_scaled" << (scale < 0 ? "neg" : "") << static_cast<int64_t>(std::fabs(scale) * 100);

@@ -96,6 +96,21 @@ std::vector<Case> masked_row_cases() {
   tiny.mask = "bnk";
   tiny.masked_rows = MaskedRows::kMinusInf;
   cases.push_back(tiny);
+  // Finite whole-row biases far larger than -1e9 (-3e9 and -1e10: their log2-unit scores pass
+  // 2^31, so a reference max rounded apart from the exponents leaves the row's largest P far
+  // from 1): still a uniform row in float32 arithmetic. 16-bit cases in float32 biases where
+  // the dtype cannot hold them (float16).
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    for (double big : {-3e9, -1e10}) {
+      for (MaskedRows rows : {MaskedRows::kMinus1e9, MaskedRows::kPairMinus1e9}) {
+        Case huge = shape(2, 3, 2, 17, 24, 32, dt).biases("bn11k", "b1hqk").grads(true, true);
+        huge.masked_rows = rows;
+        huge.big_bias = big;
+        huge.bias_f32 = dt == EVOATTN_FLOAT16;
+        cases.push_back(huge);
+      }
+    }
+  }
   return cases;
 }
 

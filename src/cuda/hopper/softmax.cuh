@@ -26,6 +26,10 @@ struct RowSoftmax {
   float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums
   float alpha[2] = {1.0f, 1.0f};              // the factors of the last update that moved
   float m_use[2] = {0.0f, 0.0f};              // the max to exponentiate against (0 while masked)
+  // Some row of the warp at |m_use| >= kExactExponentsFrom (warp-uniform): set by update() for
+  // the exponentiate() after it; try_exponentiate() tests the maxima itself, so that no register
+  // holds the flag from one tile to the next.
+  bool exact = false;
 
   // Takes a tile's scores y and c; returns whether any row of the warp moved its reference
   // (warp-uniform), so O needs rescale(). `first`: the item's first tile (O and the sums are
@@ -36,7 +40,7 @@ struct RowSoftmax {
       local[0] = fmaxf(local[0], fmaxf(y[4 * j], y[4 * j + 1]));
       local[1] = fmaxf(local[1], fmaxf(y[4 * j + 2], y[4 * j + 3]));
     }
-    for (int r = 0; r < 2; ++r) local[r] *= c;  // c > 0: the max of x; -inf stays -inf
+    for (int r = 0; r < 2; ++r) local[r] = __fmul_rn(local[r], c);  // c > 0: the max of x; -inf stays -inf
     bool moved = false;
     if (first) {
       for (int r = 0; r < 2; ++r) row_max[r] = quad_max(local[r]);
@@ -56,6 +60,7 @@ struct RowSoftmax {
       }
     }
     for (int r = 0; r < 2; ++r) m_use[r] = row_max[r] == neg_inf() ? 0.0f : row_max[r];
+    exact = exact_exponents_needed(fmaxf(fabsf(m_use[0]), fabsf(m_use[1])));
     return moved;
   }
 
@@ -76,26 +81,33 @@ struct RowSoftmax {
   }
 
   // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the
-  // rows.
+  // rows. y is spent: where `exact`, it is first rounded to the log2 domain in place (each
+  // exponent RN(y c) - m, so the row's max gives 2^0).
   template <typename Element>
-  __device__ __forceinline__ void exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
+  __device__ __forceinline__ void exponentiate(float (&y)[32], float c, uint32_t (&pa)[4][4]) {
+    if (exact) {
+      for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(y[i], c);
+      c = 1.0f;
+    }
     exponentiate_into<Element>(y, c, pa, row_sum);
   }
 
   // The fast path of a tile after the item's first: P = 2^(y c - m) against the reference maxima
   // as they stand, with no maxima taken. Kept (and summed into the rows) where every row of the
-  // warp has a finite reference and no thread's 16 P of a row sum past kTileSumLimit, so every P
-  // stays below 2^10 (in range for 16-bit P and the float sums, as update()'s slack keeps it
-  // below 2^8). Else returns false, pa holds garbage, and the caller takes update() with no
-  // slack (a reference the tile passes moves to its max, so the next tiles fit again) and
-  // exponentiate(): after a rise of about 6 or more, in a row masked so far, at a NaN.
+  // warp has a reference below kExactExponentsFrom in magnitude (so finite: not masked so far)
+  // and no thread's 16 P of a row sum past kTileSumLimit, so every P stays below 2^10 (in range
+  // for 16-bit P and the float sums, as update()'s slack keeps it below 2^8). Else returns
+  // false, pa holds garbage, and the caller takes update() with no slack (a reference the tile
+  // passes moves to its max, so the next tiles fit again) and exponentiate(): after a rise of
+  // about 6 or more, in a row masked so far or of huge scores, at a NaN.
   template <typename Element>
   __device__ __forceinline__ bool try_exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
     float tile_sum[2] = {0.0f, 0.0f};
     exponentiate_into<Element>(y, c, pa, tile_sum);
-    // NaN compares false: such a tile takes the slow path, which propagates it as before.
+    // NaN compares false: such a tile takes the slow path, which propagates it as before. So do
+    // rows masked so far (-inf) and rows of huge scores (exponentiate()'s exact form), by one test.
     const bool fits = tile_sum[0] <= kTileSumLimit && tile_sum[1] <= kTileSumLimit &&
-                      row_max[0] != neg_inf() && row_max[1] != neg_inf();
+                      fabsf(row_max[0]) < kExactExponentsFrom && fabsf(row_max[1]) < kExactExponentsFrom;
     if (!__all_sync(0xffffffffu, fits)) return false;
     for (int r = 0; r < 2; ++r) row_sum[r] += tile_sum[r];
     return true;
