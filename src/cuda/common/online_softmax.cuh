@@ -29,18 +29,6 @@ __device__ __forceinline__ float online_softmax_rescale(float tile_max, float& r
 // How far (log2 units) a tile's max may pass a row's reference max before the reference moves:
 // P = 2^(S2 - m) stays below 2^kRescaleSlack, in range for 16-bit P and the float sums.
 constexpr float kRescaleSlack = 8.0f;
-// From this magnitude of a row's reference max (log2 units) on, a kernel that keeps its scores
-// y in Q.K's units takes each exponent as RN(y c) - m, not fma(y, c, -m): m = RN(y_max c) is
-// rounded and the fma's product is not, so the row's largest P would be 2^r, |r| up to half of
-// m's last place (2^7 at 2^31). Below it |r| <= 1.
-constexpr float kExactExponentsFrom = 16777216.0f;  // 2^24
-
-// Whether a warp must take its exponents in that exact form: `reference` is the largest |m| of
-// the rows this thread holds (warp-uniform result).
-__device__ __forceinline__ bool exact_exponents_needed(float reference) {
-  return __any_sync(0xffffffffu, reference >= kExactExponentsFrom);
-}
-
 // The lazy online softmax of the forward (FlashAttention-4's rescale skipping): rows r = 0, 1
 // of each of a warp's kMT row tiles take a key tile whose max over this thread's columns is
 // local_max[mt][r]. A row whose tile max (over the quad) passes its reference max by more than

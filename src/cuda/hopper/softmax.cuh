@@ -20,16 +20,17 @@ namespace evoattn::cuda::hopper {
 
 // The most a thread's 16 P of one row in a tile may sum to on try_exponentiate's fast path.
 constexpr float kTileSumLimit = 1024.0f;
+// From this magnitude of a row's reference max m (log2 units) on, exponentiate() takes each
+// exponent as RN(y c) - m, not fma(y, c, -m): m = RN(y_max c) is rounded and the fma's product
+// is not, so the row's largest P would be 2^r, |r| up to half of m's last place (2^7 at 2^31).
+// Below it |r| <= 1.
+constexpr float kExactExponentsFrom = 16777216.0f;  // 2^24
 
 struct RowSoftmax {
   float row_max[2] = {neg_inf(), neg_inf()};  // reference maxima (quad-reduced); -inf: masked so far
   float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums
   float alpha[2] = {1.0f, 1.0f};              // the factors of the last update that moved
   float m_use[2] = {0.0f, 0.0f};              // the max to exponentiate against (0 while masked)
-  // Some row of the warp at |m_use| >= kExactExponentsFrom (warp-uniform): set by update() for
-  // the exponentiate() after it; try_exponentiate() tests the maxima itself, so that no register
-  // holds the flag from one tile to the next.
-  bool exact = false;
 
   // Takes a tile's scores y and c; returns whether any row of the warp moved its reference
   // (warp-uniform), so O needs rescale(). `first`: the item's first tile (O and the sums are
@@ -60,7 +61,6 @@ struct RowSoftmax {
       }
     }
     for (int r = 0; r < 2; ++r) m_use[r] = row_max[r] == neg_inf() ? 0.0f : row_max[r];
-    exact = exact_exponents_needed(fmaxf(fabsf(m_use[0]), fabsf(m_use[1])));
     return moved;
   }
 
@@ -81,11 +81,11 @@ struct RowSoftmax {
   }
 
   // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the
-  // rows. y is spent: where `exact`, it is first rounded to the log2 domain in place (each
-  // exponent RN(y c) - m, so the row's max gives 2^0).
+  // rows. y is spent: where a row of the warp has |m| >= kExactExponentsFrom, it is first rounded
+  // to the log2 domain in place (each exponent RN(y c) - m, so the row's max gives 2^0).
   template <typename Element>
   __device__ __forceinline__ void exponentiate(float (&y)[32], float c, uint32_t (&pa)[4][4]) {
-    if (exact) {
+    if (__any_sync(0xffffffffu, fmaxf(fabsf(m_use[0]), fabsf(m_use[1])) >= kExactExponentsFrom)) {
       for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(y[i], c);
       c = 1.0f;
     }
