@@ -59,7 +59,7 @@ struct Case {
   bool grad_mask_bias = false, grad_pair_bias = false;
   std::string mask;  // boolean mask: "" = none, 3-D "bnk" ("1nk", "b1k": broadcast), or 5-D
   MaskedRows masked_rows = MaskedRows::kNone;
-  // The finite bias of kMinus1e9 and kPairMinus1e9 rows (-1e9 unless a case asks for a larger
+  // The finite bias of kMinus1e9 and kPairMinus1e9 rows (-1e9 unless a case asks for a lower
   // one: the scores in log2 units pass 2^31 from about -1.5e9).
   double big_bias = -1e9;
   Layout layout = Layout::kContiguous;      // q, k, v, d_o and the biases

@@ -96,7 +96,7 @@ std::vector<Case> masked_row_cases() {
   tiny.mask = "bnk";
   tiny.masked_rows = MaskedRows::kMinusInf;
   cases.push_back(tiny);
-  // Finite whole-row biases far larger than -1e9 (-3e9 and -1e10: their log2-unit scores pass
+  // Finite whole-row biases far below -1e9 (-3e9 and -1e10: their log2-unit scores pass
   // 2^31, so a reference max rounded apart from the exponents leaves the row's largest P far
   // from 1): still a uniform row in float32 arithmetic. 16-bit cases in float32 biases where
   // the dtype cannot hold them (float16).
