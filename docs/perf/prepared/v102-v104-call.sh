@@ -6,10 +6,12 @@
 #   - v103 (on v102): the forward's row sums by the tensor cores (P times a ones tile, m64n8k16,
 #     in P V's group) and the fast path's test by an integer max over P's bits, no FADD
 #     (the loop 261 -> 249);
+#   - v104 (on v103): Q released once after an item's last step, not tested in every step
+#     (the loop 249 -> 242);
 #   - apb768's forward profile.
 #   binaries (build-s88/bins.txz, carried): v0t = main before v101 (with its tests), v1 = main
-#   (fc0b604's Hopper forward SASS), v3 = v1 + v102, v4 = v3 + v103.
-#   on the GPU machine: docs/perf/prepared/v102-v103-call.sh     (about 8 minutes)
+#   (fc0b604's Hopper forward SASS), v3 = v1 + v102, v4 = v3 + v103, v5 = v4 + v104.
+#   on the GPU machine: docs/perf/prepared/v102-v104-call.sh     (about 8 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-$PWD/ab-results}
@@ -19,19 +21,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 source scripts/run_shards.sh
 status=0
 export TEST_TIMEOUT=200
-# 1. The masked-row cases under each choice (v3, v4); v4's family tests and the Hopper family's
-#    forward, mask, layout, backward and determinism cases in both 16-bit types; v3's forward ones.
-for v in v3 v4; do for fam in auto hopper; do
+# 1. The masked-row cases under each choice (v3, v5); v5's family tests and the Hopper family's
+#    forward, mask, layout, backward and determinism cases in both 16-bit types.
+for v in v3 v5; do for fam in auto hopper; do
   log=$OUT/masked_${v}_$fam.log
   EVOATTN_KERNEL_FAMILY=$fam timeout 100 "build-s88/$v/tests/cpp/evoattn_tests" --gtest_filter='*MaskedRows*cuda*' > "$log" 2>&1
   echo "$v $fam: $(grep -c '^\[       OK' "$log") ok, $(grep -c '^\[  FAILED  \].*(' "$log") failed"
   grep '^\[  FAILED  \].*(' "$log" | head -20
 done; done
-BUILD=build-s88/v4 family_tests family_v4
-BUILD=build-s88/v4 run_shards hopper_v4 hopper "$(hopper_cases Forward BiasesAndMasks Layouts Backward)"
-BUILD=build-s88/v3 run_shards fwd_hopper_v3 hopper "$(hopper_cases Forward BiasesAndMasks Layouts)"
+BUILD=build-s88/v5 family_tests family_v5
+BUILD=build-s88/v5 run_shards hopper_v5 hopper "$(hopper_cases Forward BiasesAndMasks Layouts Backward)"
 # 2. The suite's forwards, three rounds, the order rotated.
-for order in "v1 v4 v3 v0t" "v0t v1 v4 v3" "v4 v3 v0t v1"; do for v in $order; do
+for order in "v1 v5 v4 v3 v0t" "v0t v1 v5 v4 v3" "v4 v3 v0t v1 v5"; do for v in $order; do
   timeout 60 "build-s88/$v/tools/cli/evoattn" bench --suite --backend cuda --dtype bf16 --forward-only 2>&1 |
     awk 'NR > 3' | tee -a "$OUT/fwd_$v.txt" | awk -v t="$v" '{print t, $1, $(NF-6)}'
 done; done
