@@ -11,7 +11,7 @@
 #   - apb768's forward profile.
 #   binaries (build-s88/bins.txz, carried): v0t = main before v101 (with its tests), v1 = main
 #   (fc0b604's Hopper forward SASS), v3 = v1 + v102, v4 = v3 + v103, v5 = v4 + v104.
-#   on the GPU machine: docs/perf/prepared/v102-v104-call.sh     (about 8 minutes)
+#   on the GPU machine: docs/perf/prepared/v102-v104-call.sh     (about 5 minutes; PROF=1 adds apb768's profile, 2.5 more)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-$PWD/ab-results}
@@ -36,7 +36,7 @@ for order in "v1 v5 v4 v3 v0t" "v0t v1 v5 v4 v3" "v4 v3 v0t v1 v5"; do for v in 
   timeout 60 "build-s88/$v/tools/cli/evoattn" bench --suite --backend cuda --dtype bf16 --forward-only 2>&1 |
     awk 'NR > 3' | tee -a "$OUT/fwd_$v.txt" | awk -v t="$v" '{print t, $1, $(NF-6)}'
 done; done
-# 3. apb768's forward: where its warps wait (ncu's name reads fwd_kernel<__nv_bfloat16, (int)24, ...).
-CLI=build-s88/v1/tools/cli/evoattn OUT=$OUT/prof timeout 150 bash scripts/profile_stalls.sh apb768 \
+# 3. (PROF=1) apb768's forward: where its warps wait (ncu's name reads fwd_kernel<__nv_bfloat16, (int)24, ...).
+[ -z "${PROF:-}" ] || CLI=build-s88/v1/tools/cli/evoattn OUT=$OUT/prof timeout 150 bash scripts/profile_stalls.sh apb768 \
   'fwd_kernel<__nv_bfloat16, (\(int\))?24' apb768fwd 2>&1 | tail -45
 exit $status
