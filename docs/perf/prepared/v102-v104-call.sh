@@ -21,21 +21,22 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 source scripts/run_shards.sh
 status=0
 export TEST_TIMEOUT=200
-# 1. The masked-row cases under each choice (v3, v5); v5's family tests and the Hopper family's
-#    forward, mask, layout, backward and determinism cases in both 16-bit types.
+# 1. The masked-row cases under each choice (v3, v5).
 for v in v3 v5; do for fam in auto hopper; do
   log=$OUT/masked_${v}_$fam.log
   EVOATTN_KERNEL_FAMILY=$fam timeout 100 "build-s88/$v/tests/cpp/evoattn_tests" --gtest_filter='*MaskedRows*cuda*' > "$log" 2>&1
   echo "$v $fam: $(grep -c '^\[       OK' "$log") ok, $(grep -c '^\[  FAILED  \].*(' "$log") failed"
   grep '^\[  FAILED  \].*(' "$log" | head -20
 done; done
-BUILD=build-s88/v5 family_tests family_v5
-BUILD=build-s88/v5 run_shards hopper_v5 hopper "$(hopper_cases Forward BiasesAndMasks Layouts Backward)"
-# 2. The suite's forwards, three rounds, the order rotated.
+# 2a. The suite's forwards, three rounds, the order rotated.
 for order in "v1 v5 v4 v3 v0t" "v0t v1 v5 v4 v3" "v4 v3 v0t v1 v5"; do for v in $order; do
   timeout 60 "build-s88/$v/tools/cli/evoattn" bench --suite --backend cuda --dtype bf16 --forward-only 2>&1 |
     awk 'NR > 3' | tee -a "$OUT/fwd_$v.txt" | awk -v t="$v" '{print t, $1, $(NF-6)}'
 done; done
+# 2b. v5's family tests and the Hopper family's forward, mask, layout, backward and determinism
+#     cases in both 16-bit types (after the timings, so a call cut short keeps them).
+BUILD=build-s88/v5 family_tests family_v5
+BUILD=build-s88/v5 run_shards hopper_v5 hopper "$(hopper_cases Forward BiasesAndMasks Layouts Backward)"
 # 3. (PROF=1) apb768's forward: where its warps wait (ncu's name reads fwd_kernel<__nv_bfloat16, (int)24, ...).
 [ -z "${PROF:-}" ] || CLI=build-s88/v1/tools/cli/evoattn OUT=$OUT/prof timeout 150 bash scripts/profile_stalls.sh apb768 \
   'fwd_kernel<__nv_bfloat16, (\(int\))?24' apb768fwd 2>&1 | tail -45
