@@ -24,9 +24,8 @@
 //               exponentials first against m as it stands
 //               (RowSoftmax::try_exponentiate) and m moved (to the tile's max) only where a
 //               row's P would pass 2^10 or the row is masked so far (the item's first tile
-//               always)
-//     mainloop  O += P V, l += P 1              (wgmma; P from registers, V transposed; the row
-//               sums l by an m64n8k16 against a ones tile, each row's sum in all 8 columns)
+//               always); l += rowsum P
+//     mainloop  O += P V                        (wgmma; P from registers, V transposed)
 //               release the stage (every consumer thread)
 //   epilogue  O /= l; LSE = (m + log2 l) ln 2   (l = 0: a fully masked row, O = 0, LSE = -inf)
 #pragma once
@@ -83,9 +82,7 @@ struct FwdLayout {
   static constexpr int kTile = kV + kStages * kKvStageBytes;
   static constexpr int kKeyBias = kTile + kStages * kQTiles * kBiasTileBytes;  // 64 floats an n a stage
   static constexpr int kBarriers = kKeyBias + kStages * kNs * kRows * 4;
-  static constexpr int kOnes = kBarriers + 128;  // a 16 x 8 B operand of ones (the row sums)
-  static constexpr int kBytes = kOnes + 256 + 1024;
-  static_assert((4 + 2 * kStages) * 8 <= kOnes - kBarriers, "the mbarriers fit before the ones");
+  static constexpr int kBytes = kBarriers + (4 + 2 * kStages) * 8 + 1024;
   static_assert(kSeqTileBytes % 1024 == 0 && kChunkBytes % 256 == 0 && kTile % 1024 == 0, "swizzle atoms stay aligned");
   static_assert(kNs == 1 || (kNs == 2 && kConsumers == 4), "two n an item at four consumers only");
   static_assert(kBytes == fwd_smem_bytes(kHeadDim, kConsumers, kNs), "fwd_plan.h counts this layout");
@@ -223,16 +220,12 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
       mbarrier_init(&q_full[b], 1);
-      mbarrier_init(&q_empty[b], L::kConsumers * 128);  // each consumer thread, after its item's last step
+      mbarrier_init(&q_empty[b], L::kConsumers * 128);  // each consumer thread, after its item's last QK^T
     }
     for (int s = 0; s < L::kStages; ++s) {
       mbarrier_init(&full[s], 1 + 32 * L::kNs);    // the TMA thread and the key-bias warps
       mbarrier_init(&empty[s], L::kConsumers * 128);  // each consumer thread
     }
-    // The ones the row sums' wgmma reads (through the async proxy: fenced).
-    const uint32_t one = pack2<Element>(1.0f, 1.0f);
-    for (int i = 0; i < 16; ++i) reinterpret_cast<uint4*>(smem + L::kOnes)[i] = make_uint4(one, one, one, one);
-    fence_proxy_async();
   }
   __syncthreads();
   start_after_previous_grid();
@@ -280,11 +273,9 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       // The key biases of the item's n warp - 1 (a warp an n), a group of tiles loaded at once,
       // the next group's loads in flight while this group's values wait for their stages: a
       // ring's worth with three or more consumers, two tiles with two (whose larger consumer
-      // budget left the producer's 64 registers one short at four: ptxas spilled) and with two n
-      // at bucket 16 (a ring's worth spilled 4 bytes there once its consumers summed P by wgmma),
-      // one at two blocks an SM (48 registers).
-      constexpr bool kRingsWorth = L::kConsumers >= 3 && !(L::kNs == 2 && kHeadDim == 16);
-      constexpr int kGroup = L::kBlocksPerSm == 2 ? 1 : kRingsWorth ? L::kStages : 2;
+      // budget left the producer's 64 registers one short at four: ptxas spilled), one at two
+      // blocks an SM (48 registers).
+      constexpr int kGroup = L::kBlocksPerSm == 2 ? 1 : L::kConsumers >= 3 ? L::kStages : 2;
       const int nn = L::kNs == 1 ? 0 : warp - 1;
       uint32_t it0 = 0;
       FwdItemWalk<L::kNs> walk(blockIdx.x, gridDim.x, plan, p);
@@ -327,7 +318,6 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
   const int cn = L::kNs == 1 ? 0 : c / L::kQTiles, cq = L::kNs == 1 ? c : c % L::kQTiles;
   const uint8_t* q_tile = smem + L::kQ + c * L::kSeqTileBytes;
   float acc_o[kHeadDim / 2];
-  float acc_l[4];  // the row sums: P times ones (m64n8), each row's sum in every column
   float s_acc[32];  // y = Q.K + bias / scale of a 64 x 64 tile (init_scores, then the wgmma)
   // P of the tiles in turn in two register sets: tile j's is written while tile j - 1's P V
   // still reads the other (one set written then would serialize the wgmma: ptxas C7513). Four
@@ -350,7 +340,6 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
   uint64_t* q_release = q_empty;  // and its release
   const uint64_t k_desc = smem_desc<L::kRowBytes>(smem + L::kK + cn * L::kSeqTileBytes, 16, 8 * L::kRowBytes);
   const uint64_t v_desc = smem_desc<L::kRowBytes>(smem + L::kV + cn * L::kSeqTileBytes, L::kChunkBytes, 8 * L::kRowBytes);
-  const uint64_t ones_desc = smem_desc<16>(smem + L::kOnes, 128, 128);  // all ones: any layout reads 1
   auto stage_of = [&](int j) { return (it0 + j) % L::kStages; };
   // mainloop, S = Q K^T of the item's key tile j, its accumulators started at the biases
   // (issued, not waited for)
@@ -375,10 +364,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
   // mainloop, O += P V of key tile j (issued, not waited for)
   auto issue_pv = [&](int j, const uint32_t (&p_tile)[4][4]) {
     const uint64_t v_stage = v_desc + stage_of(j) * (L::kKvStageBytes >> 4);
-    for (int kp = 0; kp < 4; ++kp) {
-      wgmma_rs<Element, kHeadDim>(acc_o, p_tile[kp], v_stage + ((kp * 16 * L::kRowBytes) >> 4), 1);
-      wgmma_rs<Element, 8, 0>(acc_l, p_tile[kp], ones_desc, 1);
-    }
+    for (int kp = 0; kp < 4; ++kp) wgmma_rs<Element, kHeadDim>(acc_o, p_tile[kp], v_stage + ((kp * 16 * L::kRowBytes) >> 4), 1);
     wgmma_commit();
   };
   // A release of shared memory this thread read (a stage, or Q), by every consumer thread: each
@@ -392,13 +378,14 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
   };
   // Tile j's QK^T runs while tile j - 1's P V is issued behind it; tile j's softmax runs while
   // that P V does (with one P set, its maxima only: P is written once that P V retired); O's
-  // rescale waits for it.
+  // rescale waits for it. Q is released after the item's last QK^T.
   auto step = [&](int j, const uint32_t (&p_prev)[4][4], uint32_t (&p_next)[4][4]) {
     wait_full(j);
     issue_qk(j);
     issue_pv(j - 1, p_prev);
     wgmma_wait<1>();
     fence_registers(s_acc);
+    if (j + 1 == plan.k_tiles) mbarrier_arrive(q_release);
     // softmax. Four consumers, or two blocks of two an SM: the exponentials first, against the
     // maxima as they stand, the maxima only where that does not fit (try_exponentiate); with one
     // P set, P is written once P V(j - 1) retired. Two or three in one block: the maxima first,
@@ -416,7 +403,6 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       }
       wgmma_wait<0>();
       fence_registers(acc_o);
-      fence_registers(acc_l);
       mbarrier_arrive(&empty[(it0 + j - 1) % L::kStages]);
       if constexpr (kPSets == 1) {
         if (!softmax.try_exponentiate<Element>(s_acc, p.scale_log2, p_next)) {
@@ -424,22 +410,15 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
           softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
         }
       }
-      if (moved) {
-        softmax.rescale(acc_o);
-        softmax.rescale(acc_l);
-      }
+      if (moved) softmax.rescale(acc_o);
     } else {
       static_assert(kPSets == 2, "one P set only with the exponentials first");
       const bool moved = softmax.update(s_acc, p.scale_log2, false);
       softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
       wgmma_wait<0>();
       fence_registers(acc_o);
-      fence_registers(acc_l);
       mbarrier_arrive(&empty[(it0 + j - 1) % L::kStages]);
-      if (moved) {
-        softmax.rescale(acc_o);
-        softmax.rescale(acc_l);
-      }
+      if (moved) softmax.rescale(acc_o);
     }
   };
 
@@ -465,18 +444,17 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       continue;
     }
     for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.0f;
-    for (int i = 0; i < 4; ++i) acc_l[i] = 0.0f;
     softmax = RowSoftmax{};
     mbarrier_wait(&q_full[qb], q_phase);
     wait_full(0);
     issue_qk(0);
     wgmma_wait<0>();
     fence_registers(s_acc);
+    if (plan.k_tiles == 1) mbarrier_arrive(q_release);
     softmax.update(s_acc, p.scale_log2, true);  // softmax of tile 0 (O needs no rescale yet)
     softmax.exponentiate<Element>(s_acc, p.scale_log2, pa[0]);
     if constexpr (kPSets == 1) {
       for (int j = 1; j < plan.k_tiles; ++j) step(j, pa[0], pa[0]);
-      mbarrier_arrive(q_release);  // every QK^T of the item has retired (once here, not tested each step)
       wgmma_fence();
       issue_pv(plan.k_tiles - 1, pa[0]);
     } else {
@@ -484,7 +462,6 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
         step(j, pa[0], pa[kPSets - 1]);
         if (j + 1 < plan.k_tiles) step(j + 1, pa[kPSets - 1], pa[0]);
       }
-      mbarrier_arrive(q_release);
       wgmma_fence();
       if ((plan.k_tiles - 1) & 1) {
         issue_pv(plan.k_tiles - 1, pa[kPSets - 1]);
@@ -494,11 +471,10 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
     }
     wgmma_wait<0>();
     fence_registers(acc_o);
-    fence_registers(acc_l);
     mbarrier_arrive(&empty[(it0 + plan.k_tiles - 1) % L::kStages]);
 
-    // epilogue: O / l and the LSE (l = 0: a fully masked row)
-    const float inv[2] = {acc_l[0] == 0.0f ? 0.0f : 1.0f / acc_l[0], acc_l[2] == 0.0f ? 0.0f : 1.0f / acc_l[2]};
+    // epilogue: O / l and the LSE
+    const float inv[2] = {softmax.finish(0), softmax.finish(1)};
     const int64_t q0 = x.q_block + cq * L::kRows + 16 * w;  // this warp's 16 rows
     Element* o = static_cast<Element*>(p.o) + x.b * p.o_stride.b + n * p.o_stride.n + x.h * p.o_stride.h;
     store_acc_rows<Element>(warp_tile(acc_o), o, p.o_stride.l, 1, q0, p.Lq, p.D, plan.pairs_o, lane, inv);
@@ -506,7 +482,7 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       const int64_t q = q0 + g + 8 * r;
       if (t == 0 && q < p.Lq && p.lse != nullptr) {
         p.lse[x.b * p.lse_stride_b + n * p.lse_stride_n + x.h * p.lse_stride_h + q * p.lse_stride_q] =
-            row_lse(softmax.row_max[r], acc_l[2 * r]);
+            row_lse(softmax.row_max[r], softmax.row_sum[r]);
       }
     }
   }

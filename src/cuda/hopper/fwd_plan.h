@@ -141,14 +141,14 @@ constexpr int fwd_stages(int head_dim_bucket, int consumer_count) {
 
 // The block's dynamic shared memory for a head-dim bucket (fwd_kernel.cuh's FwdLayout): two
 // buffers of a Q tile per consumer; the stages of K, V and 64 key biases for each of an item's
-// n and a tile-bias box for each of its query tiles; their mbarriers and Q's four (128 bytes);
-// the row sums' ones (256 bytes); 1 KB to align the base to 1024 bytes.
+// n and a tile-bias box for each of its query tiles; their mbarriers and Q's four; 1 KB to align
+// the base to 1024 bytes.
 constexpr size_t fwd_smem_bytes(int head_dim_bucket, int consumer_count, int n_count = 1) {
   const size_t seq_tile = size_t{64} * head_dim_bucket * 2;
   const size_t stages = fwd_stages(head_dim_bucket, consumer_count), consumers = consumer_count;
   const size_t ns = n_count, query_tiles = consumers / ns;
   return 2 * consumers * seq_tile + stages * (2 * ns * seq_tile + query_tiles * 64 * 64 * 2 + ns * 64 * 4) +
-         128 + 256 + 1024;
+         (4 + 2 * stages) * 8 + 1024;
 }
 
 }  // namespace evoattn::cuda::hopper

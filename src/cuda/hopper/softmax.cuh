@@ -5,10 +5,11 @@
 // y c - m with c = scale log2 e; the maxima are taken on y and scaled once a row. The same lazy
 // rescale as the portable kernels (online_softmax_lazy, FlashAttention-4's rescale skipping),
 // split in two so the rescale of O can wait for the P V product still running on it: update()
-// moves the reference maxima; rescale() applies its factors to O and the row sums afterwards.
-// The forward at four consumers (or two blocks of two an SM), after a row's first tile, takes
-// try_exponentiate() instead: no maxima where the P it computes against the reference as it
-// stands stay small (the common case).
+// moves the reference maxima and rescales the row sums; rescale() applies the same factors to O
+// afterwards. The forward at four consumers (or two blocks of two an SM), after a row's first
+// tile, takes try_exponentiate()
+// instead: no maxima where the P it computes against the reference as it stands stay small (the
+// common case).
 #pragma once
 
 #include "cuda/common/element.cuh"
@@ -17,25 +18,23 @@
 
 namespace evoattn::cuda::hopper {
 
-// The most any P may be on try_exponentiate's fast path.
-constexpr float kTryLimit = 1024.0f;
+// The most a thread's 16 P of one row in a tile may sum to on try_exponentiate's fast path.
+constexpr float kTileSumLimit = 1024.0f;
 // From this magnitude of a row's reference max m (log2 units) on, exponentiate() takes each
 // exponent as RN(y c) - m, not fma(y, c, -m): m = RN(y_max c) is rounded and the fma's product
 // is not, so the row's largest P would be 2^r, |r| up to half of m's last place (2^7 at 2^31).
 // Below it |r| <= 1.
 constexpr float kExactExponentsFrom = 16777216.0f;  // 2^24
 
-// The row sums are not here: P V's wgmma group sums each row's 16-bit P by the tensor cores
-// (P times a ones tile, m64n8k16: fwd_kernel.cuh's acc_l), so they are rescaled with O.
 struct RowSoftmax {
   float row_max[2] = {neg_inf(), neg_inf()};  // reference maxima (quad-reduced); -inf: masked so far
+  float row_sum[2] = {0.0f, 0.0f};            // this thread's partial sums
   float alpha[2] = {1.0f, 1.0f};              // the factors of the last update that moved
-  float m_try[2] = {0.0f, 0.0f};              // try_exponentiate's maxima: NaN where it must fail
+  float m_use[2] = {0.0f, 0.0f};              // the max to exponentiate against (0 while masked)
 
   // Takes a tile's scores y and c; returns whether any row of the warp moved its reference
-  // (warp-uniform), so O and the sums need rescale(). `first`: the item's first tile (O and the
-  // sums are still zero). A row's reference moves where the tile's max passes it by more than
-  // `slack`.
+  // (warp-uniform), so O needs rescale(). `first`: the item's first tile (O and the sums are
+  // still zero). A row's reference moves where the tile's max passes it by more than `slack`.
   __device__ __forceinline__ bool update(const float (&y)[32], float c, bool first, float slack = kRescaleSlack) {
     float local[2] = {fmaxf(y[0], y[1]), fmaxf(y[2], y[3])};
     for (int j = 1; j < 8; ++j) {
@@ -57,68 +56,76 @@ struct RowSoftmax {
           const float m_ref = m_new == neg_inf() ? 0.0f : m_new;
           alpha[r] = exp2_approx(row_max[r] - m_ref);  // 1 if the row stays, 0 from -inf
           row_max[r] = m_new;
+          row_sum[r] *= alpha[r];
         }
       }
     }
-    // A row masked so far (-inf), of huge scores or NaN gets NaN: its P are NaN there.
-    for (int r = 0; r < 2; ++r) m_try[r] = fabsf(row_max[r]) < kExactExponentsFrom ? row_max[r] : __int_as_float(0x7fffffff);
+    for (int r = 0; r < 2; ++r) m_use[r] = row_max[r] == neg_inf() ? 0.0f : row_max[r];
     return moved;
   }
 
-  // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each); returns the
-  // largest P's bits as an unsigned int (P >= +0: the bits order as the values; a NaN of either
-  // sign is above every finite P).
+  // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), each row's
+  // summed into sums[r].
   template <typename Element>
-  __device__ __forceinline__ static uint32_t exponentiate_into(const float (&y)[32], float c, const float (&m)[2],
-                                                          uint32_t (&pa)[4][4]) {
-    uint32_t most = 0;
+  __device__ __forceinline__ void exponentiate_into(const float (&y)[32], float c, uint32_t (&pa)[4][4],
+                                                    float (&sums)[2]) const {
     for (int kp = 0; kp < 4; ++kp) {
       float e[8];
-      for (int i = 0; i < 8; ++i) e[i] = exp2_approx(fmaf(y[8 * kp + i], c, -m[(i >> 1) & 1]));
-      for (int i = 0; i < 4; ++i) {
-        pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
-        most = max(most, max(__float_as_uint(e[2 * i]), __float_as_uint(e[2 * i + 1])));
+      for (int i = 0; i < 8; ++i) {
+        const int r = (i >> 1) & 1;
+        e[i] = exp2_approx(fmaf(y[8 * kp + i], c, -m_use[r]));
+        sums[r] += e[i];
       }
+      for (int i = 0; i < 4; ++i) pa[kp][i] = pack2<Element>(e[2 * i], e[2 * i + 1]);
     }
-    return most;
   }
 
-  // P = 2^(y c - m) as the A operand of P V. y is spent: where a row of the warp has
-  // |m| >= kExactExponentsFrom, it is first rounded to the log2 domain in place (each exponent
-  // RN(y c) - m, so the row's max gives 2^0).
+  // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the
+  // rows. y is spent: where a row of the warp has |m| >= kExactExponentsFrom, it is first rounded
+  // to the log2 domain in place (each exponent RN(y c) - m, so the row's max gives 2^0).
   template <typename Element>
-  __device__ __forceinline__ void exponentiate(float (&y)[32], float c, uint32_t (&pa)[4][4]) const {
-    float m[2];  // 0 while a row is masked, so -inf - -inf never occurs
-    for (int r = 0; r < 2; ++r) m[r] = row_max[r] == neg_inf() ? 0.0f : row_max[r];
-    if (__any_sync(0xffffffffu, fmaxf(fabsf(m[0]), fabsf(m[1])) >= kExactExponentsFrom)) {
+  __device__ __forceinline__ void exponentiate(float (&y)[32], float c, uint32_t (&pa)[4][4]) {
+    if (__any_sync(0xffffffffu, fmaxf(fabsf(m_use[0]), fabsf(m_use[1])) >= kExactExponentsFrom)) {
       for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(y[i], c);
       c = 1.0f;
     }
-    exponentiate_into<Element>(y, c, m, pa);
+    exponentiate_into<Element>(y, c, pa, row_sum);
   }
 
   // The fast path of a tile after the item's first: P = 2^(y c - m) against the reference maxima
-  // as they stand, with no maxima taken. Kept where every row of the warp has a reference below
-  // kExactExponentsFrom in magnitude (so finite: not masked so far) and no P of the warp passes
-  // kTryLimit (in range for 16-bit P and the float sums, as update()'s slack keeps them below
-  // 2^8), by one integer max over the P's bits. Else returns false, pa holds garbage, and the caller
-  // takes update() with no slack (a reference the tile passes moves to its max, so the next
-  // tiles fit again) and exponentiate(): after a rise of about 10 or more, in a row masked so
-  // far or of huge scores, at a NaN.
+  // as they stand, with no maxima taken. Kept (and summed into the rows) where every row of the
+  // warp has a reference below kExactExponentsFrom in magnitude (so finite: not masked so far)
+  // and no thread's 16 P of a row sum past kTileSumLimit, so every P stays below 2^10 (in range
+  // for 16-bit P and the float sums, as update()'s slack keeps it below 2^8). Else returns
+  // false, pa holds garbage, and the caller takes update() with no slack (a reference the tile
+  // passes moves to its max, so the next tiles fit again) and exponentiate(): after a rise of
+  // about 6 or more, in a row masked so far or of huge scores, at a NaN.
   template <typename Element>
-  __device__ __forceinline__ bool try_exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) const {
-    const uint32_t most = exponentiate_into<Element>(y, c, m_try, pa);
-    // NaN fails the test (its bits are above 1024's): such a tile takes the slow path, which
-    // propagates it as before. So do rows masked so far and rows of huge scores: m_try is NaN
-    // there.
-    return __all_sync(0xffffffffu, most <= __float_as_uint(kTryLimit));
+  __device__ __forceinline__ bool try_exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
+    float tile_sum[2] = {0.0f, 0.0f};
+    exponentiate_into<Element>(y, c, pa, tile_sum);
+    // NaN compares false: such a tile takes the slow path, which propagates it as before. So do
+    // rows masked so far (-inf) and rows of huge scores (exponentiate()'s exact form), by one test.
+    const bool fits = tile_sum[0] <= kTileSumLimit && tile_sum[1] <= kTileSumLimit &&
+                      fabsf(row_max[0]) < kExactExponentsFrom && fabsf(row_max[1]) < kExactExponentsFrom;
+    if (!__all_sync(0xffffffffu, fits)) return false;
+    for (int r = 0; r < 2; ++r) row_sum[r] += tile_sum[r];
+    return true;
   }
 
-  // O and the row sums (the C layout, pairs of columns a row: kHalf / 4 column tiles) times the
-  // last update's factors.
+  // O (the C layout, kCols / 8 column tiles) times the last update's factors.
   template <int kHalf>
   __device__ __forceinline__ void rescale(float (&o)[kHalf]) const {
     for (int i = 0; i < kHalf; ++i) o[i] *= alpha[(i >> 1) & 1];
+  }
+
+  // The row's full sum (over the quad) into row_sum; returns 1 / sum (0 for a fully masked row).
+  __device__ __forceinline__ float finish(int r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    row_sum[r] = sum;
+    return sum == 0.0f ? 0.0f : 1.0f / sum;
   }
 
  private:

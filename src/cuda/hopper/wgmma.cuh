@@ -21,9 +21,9 @@
 
 namespace evoattn::cuda::hopper {
 
-// The descriptor's swizzle field for rows of `row_bytes` (128, 64 or 32; 16: no swizzle).
+// The descriptor's swizzle field for rows of `row_bytes` (128, 64 or 32).
 template <int kRowBytes>
-inline constexpr uint64_t kSwizzleField = kRowBytes == 128 ? 1 : kRowBytes == 64 ? 2 : kRowBytes == 32 ? 3 : 0;
+inline constexpr uint64_t kSwizzleField = kRowBytes == 128 ? 1 : kRowBytes == 64 ? 2 : 3;
 
 // A matrix descriptor: start address, leading and stride byte offsets (16-byte units), swizzle.
 template <int kRowBytes>
@@ -83,8 +83,7 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 // an MN-major one (transposed: V in P V; the backward's dO, Q, dS^T and K). wgmma_rs: A from
 // registers (the m16n8k16 A-fragment layout per warp), B MN-major unless kTransB = 0.
 template <typename Element, int kN>
-struct Wgmma;  // the operand lists, written out per 16-bit type and N = 16, 32, 64, 128 (and 8,
-               // register A only: the forward's row sums)
+struct Wgmma;  // the operand lists, written out per 16-bit type and N = 16, 32, 64, 128
 
 template <typename Element, int kN, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate) {
@@ -95,28 +94,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)
   Wgmma<Element, kN>::template rs<kTransB>(d, a, b, accumulate);
 }
 
-template <>
-struct Wgmma<__half, 8> {
-  template <int kTransB>
-  __device__ __forceinline__ static void rs(float (&d)[4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
-  }
-};
-template <>
-struct Wgmma<__nv_bfloat16, 8> {
-  template <int kTransB>
-  __device__ __forceinline__ static void rs(float (&d)[4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
-  }
-};
 template <>
 struct Wgmma<__half, 16> {
   template <int kTransA, int kTransB>
