@@ -9,11 +9,29 @@
 #   - v104 (on v103): Q released once after an item's last step, not tested in every step
 #     (the loop 249 -> 242);
 #   - apb768's forward profile.
-#   binaries (build-s88/bins.txz, carried): v0t = main before v101 (with its tests), v1 = main
-#   (fc0b604's Hopper forward SASS), v3 = v1 + v102, v4 = v3 + v103, v5 = v4 + v104.
-#   on the GPU machine: docs/perf/prepared/v102-v104-call.sh     (about 5 minutes; PROF=1 adds apb768's profile, 2.5 more)
+#   binaries: v0t = main's src before v101 (a300959) with main's tests, v1 = main, v3 = v1 + v102,
+#   v4 = v3 + v103, v5 = v4 + v104.
+#   usage here (no GPU; clean tree; each binary a build on 2 cores):
+#          docs/perf/prepared/v102-v104-call.sh build     -> build-s88/bins.txz
+#   on the GPU machine (the device tool's carry ["build-s88/bins.txz"]):
+#          docs/perf/prepared/v102-v104-call.sh           (about 5 minutes; PROF=1 adds apb768's
+#          profile, 2.5 more)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
+here=docs/perf/prepared
+if [ "${1:-}" = build ]; then
+  [ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "the working tree has changes"; exit 1; }
+  rm -rf build-s88 && mkdir -p build-s88
+  step() { bash scripts/prebuild_gpu.sh "build-s88/$1" > /dev/null || { git checkout -- src; exit 1; }; }
+  git checkout a300959 -- src && step v0t && git checkout HEAD -- src
+  step v1
+  git apply "$here/v102-try-exponentiate-nan-reference.patch" && step v3
+  git apply "$here/v103-fwd-row-sums-by-wgmma.patch" && step v4
+  git apply "$here/v104-fwd-q-release-once-an-item.patch" && step v5
+  git checkout HEAD -- src
+  (cd build-s88 && tar -cJf bins.txz v0t v1 v3 v4 v5 && rm -rf v0t v1 v3 v4 v5 && ls -l bins.txz)
+  exit 0
+fi
 OUT=${OUT:-$PWD/ab-results}
 mkdir -p "$OUT"
 python3 -c "import tarfile; tarfile.open('build-s88/bins.txz').extractall('build-s88')"

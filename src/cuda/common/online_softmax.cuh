@@ -29,6 +29,7 @@ __device__ __forceinline__ float online_softmax_rescale(float tile_max, float& r
 // How far (log2 units) a tile's max may pass a row's reference max before the reference moves:
 // P = 2^(S2 - m) stays below 2^kRescaleSlack, in range for 16-bit P and the float sums.
 constexpr float kRescaleSlack = 8.0f;
+
 // The lazy online softmax of the forward (FlashAttention-4's rescale skipping): rows r = 0, 1
 // of each of a warp's kMT row tiles take a key tile whose max over this thread's columns is
 // local_max[mt][r]. A row whose tile max (over the quad) passes its reference max by more than
