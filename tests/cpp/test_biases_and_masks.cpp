@@ -111,6 +111,21 @@ std::vector<Case> masked_row_cases() {
       }
     }
   }
+  // The same rows over several key tiles, where the Hopper forward tests for them on a later
+  // tile's path: two consumers (Lq 17), four (Lq 256) and three at head dim 64 (Lq 192).
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    for (const Case& s : {shape(1, 2, 2, 17, 200, 32, dt), shape(1, 2, 2, 256, 200, 32, dt),
+                          shape(1, 2, 2, 192, 136, 64, dt)}) {
+      for (MaskedRows rows : {MaskedRows::kMinus1e9, MaskedRows::kPairMinus1e9}) {
+        Case huge = s;
+        huge.biases("bn11k", "b1hqk").grads(true, true);
+        huge.masked_rows = rows;
+        huge.big_bias = -3e9;
+        huge.bias_f32 = dt == EVOATTN_FLOAT16;
+        cases.push_back(huge);
+      }
+    }
+  }
   return cases;
 }
 
