@@ -8,7 +8,7 @@
 #   binaries: v1 = main, v6 = v1 + v106, v8, v9 (CLI only); v1 and v6 from build-s89/bins.txz.
 #   usage here: docs/perf/prepared/v108-v109-call.sh build    -> build-s89/v89.txz
 #   on the GPU machine (carry ["build-s89/bins.txz", "build-s89/v89.txz"]):
-#          docs/perf/prepared/v108-v109-call.sh               (about 4 minutes)
+#          docs/perf/prepared/v108-v109-call.sh               (about 5 minutes; also v105's tests)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=docs/perf/prepared
@@ -37,5 +37,14 @@ bench_round() {
 }
 bench_round "v8 v1 v9 v6"
 bench_round "v6 v9 v1 v8"
-[ $SECONDS -lt 200 ] && bench_round "v9 v8 v6 v1"
+# v105 (v5, from build-s89/bins.txz: the candidate) under the Hopper family: its family tests and
+# the forward, mask, layout and determinism cases in both 16-bit types (session 89's first call
+# ran only its masked-row cases).
+source scripts/run_shards.sh
+status=0
+export TEST_TIMEOUT=150
+BUILD=build-s89/v5 family_tests family_v5
+BUILD=build-s89/v5 run_shards hopper_v5 hopper "$(hopper_cases Forward BiasesAndMasks Layouts)"
+[ $SECONDS -lt 240 ] && bench_round "v9 v8 v6 v1"
 echo "done at ${SECONDS}s"
+exit $status
