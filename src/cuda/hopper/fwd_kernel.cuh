@@ -397,8 +397,9 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       bool moved = false;
       if constexpr (kPSets == 2) {
         if (!softmax.try_exponentiate<Element>(s_acc, p.scale_log2, p_next)) {
-          moved = softmax.update(s_acc, p.scale_log2, false, 0.0f);
-          softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
+          const RowSoftmax::Update u = softmax.update(s_acc, p.scale_log2, false, 0.0f);
+          softmax.exponentiate<Element>(s_acc, u.c, p_next);
+          moved = u.moved;
         }
       }
       wgmma_wait<0>();
@@ -406,19 +407,20 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
       mbarrier_arrive(&empty[(it0 + j - 1) % L::kStages]);
       if constexpr (kPSets == 1) {
         if (!softmax.try_exponentiate<Element>(s_acc, p.scale_log2, p_next)) {
-          moved = softmax.update(s_acc, p.scale_log2, false, 0.0f);
-          softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
+          const RowSoftmax::Update u = softmax.update(s_acc, p.scale_log2, false, 0.0f);
+          softmax.exponentiate<Element>(s_acc, u.c, p_next);
+          moved = u.moved;
         }
       }
       if (moved) softmax.rescale(acc_o);
     } else {
       static_assert(kPSets == 2, "one P set only with the exponentials first");
-      const bool moved = softmax.update(s_acc, p.scale_log2, false);
-      softmax.exponentiate<Element>(s_acc, p.scale_log2, p_next);
+      const RowSoftmax::Update u = softmax.update(s_acc, p.scale_log2, false);
+      softmax.exponentiate<Element>(s_acc, u.c, p_next);
       wgmma_wait<0>();
       fence_registers(acc_o);
       mbarrier_arrive(&empty[(it0 + j - 1) % L::kStages]);
-      if (moved) softmax.rescale(acc_o);
+      if (u.moved) softmax.rescale(acc_o);
     }
   };
 
@@ -451,8 +453,8 @@ __global__ void __launch_bounds__(FwdLayout<kHeadDim, kConsumers, kNs>::kThreads
     wgmma_wait<0>();
     fence_registers(s_acc);
     if (plan.k_tiles == 1) mbarrier_arrive(q_release);
-    softmax.update(s_acc, p.scale_log2, true);  // softmax of tile 0 (O needs no rescale yet)
-    softmax.exponentiate<Element>(s_acc, p.scale_log2, pa[0]);
+    const RowSoftmax::Update u0 = softmax.update(s_acc, p.scale_log2, true);  // tile 0: O needs no rescale yet
+    softmax.exponentiate<Element>(s_acc, u0.c, pa[0]);
     if constexpr (kPSets == 1) {
       for (int j = 1; j < plan.k_tiles; ++j) step(j, pa[0], pa[0]);
       wgmma_fence();

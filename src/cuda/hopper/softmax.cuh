@@ -32,24 +32,35 @@ struct RowSoftmax {
   float alpha[2] = {1.0f, 1.0f};              // the factors of the last update that moved
   float m_use[2] = {0.0f, 0.0f};              // the max to exponentiate against (0 while masked)
 
-  // Takes a tile's scores y and c; returns whether any row of the warp moved its reference
-  // (warp-uniform), so O needs rescale(). `first`: the item's first tile (O and the sums are
-  // still zero). A row's reference moves where the tile's max passes it by more than `slack`.
-  __device__ __forceinline__ bool update(const float (&y)[32], float c, bool first, float slack = kRescaleSlack) {
+  // What update() decided for a tile: whether any row of the warp moved its reference, so O
+  // needs rescale() (warp-uniform); the factor to exponentiate y with (c, or 1 for the exact form).
+  struct Update {
+    bool moved;
+    float c;
+  };
+
+  // Takes a tile's scores y and c. `first`: the item's first tile (O and the sums are still
+  // zero). A row's reference moves where the tile's max passes it by more than `slack`. Where a
+  // row of the warp then has |m| >= kExactExponentsFrom, y is rounded to the log2 domain in place
+  // for exponentiate()'s exact form (each exponent RN(y c) - m, so the row's max gives 2^0). Such
+  // a warp takes the moving path every tile, so that vote runs only there and on the first tile.
+  __device__ __forceinline__ Update update(float (&y)[32], float c, bool first, float slack = kRescaleSlack) {
     float local[2] = {fmaxf(y[0], y[1]), fmaxf(y[2], y[3])};
     for (int j = 1; j < 8; ++j) {
       local[0] = fmaxf(local[0], fmaxf(y[4 * j], y[4 * j + 1]));
       local[1] = fmaxf(local[1], fmaxf(y[4 * j + 2], y[4 * j + 3]));
     }
     for (int r = 0; r < 2; ++r) local[r] = __fmul_rn(local[r], c);  // c > 0: the max of x; -inf stays -inf
-    bool moved = false;
+    Update u{false, c};
     if (first) {
       for (int r = 0; r < 2; ++r) row_max[r] = quad_max(local[r]);
+      set_reference(y, u);
     } else {
       // The difference, not row_max + slack (online_softmax_lazy says why); NaN compares false.
       const float rise = fmaxf(local[0] - row_max[0], local[1] - row_max[1]);
-      if (__any_sync(0xffffffffu, rise > slack)) {
-        moved = true;
+      const bool huge = fmaxf(fabsf(m_use[0]), fabsf(m_use[1])) >= kExactExponentsFrom;
+      if (__any_sync(0xffffffffu, rise > slack || huge)) {
+        u.moved = true;
         for (int r = 0; r < 2; ++r) {
           const float tile_max = quad_max(local[r]);
           const float m_new = tile_max - row_max[r] > slack ? tile_max : row_max[r];
@@ -58,10 +69,10 @@ struct RowSoftmax {
           row_max[r] = m_new;
           row_sum[r] *= alpha[r];
         }
+        set_reference(y, u);
       }
     }
-    for (int r = 0; r < 2; ++r) m_use[r] = row_max[r] == neg_inf() ? 0.0f : row_max[r];
-    return moved;
+    return u;
   }
 
   // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), each row's
@@ -81,14 +92,9 @@ struct RowSoftmax {
   }
 
   // P = 2^(y c - m) as the A operand of P V (m16n8k16 A fragments, 16 keys each), summed into the
-  // rows. y is spent: where a row of the warp has |m| >= kExactExponentsFrom, it is first rounded
-  // to the log2 domain in place (each exponent RN(y c) - m, so the row's max gives 2^0).
+  // rows; y and c as update() left them.
   template <typename Element>
-  __device__ __forceinline__ void exponentiate(float (&y)[32], float c, uint32_t (&pa)[4][4]) {
-    if (__any_sync(0xffffffffu, fmaxf(fabsf(m_use[0]), fabsf(m_use[1])) >= kExactExponentsFrom)) {
-      for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(y[i], c);
-      c = 1.0f;
-    }
+  __device__ __forceinline__ void exponentiate(const float (&y)[32], float c, uint32_t (&pa)[4][4]) {
     exponentiate_into<Element>(y, c, pa, row_sum);
   }
 
@@ -129,6 +135,15 @@ struct RowSoftmax {
   }
 
  private:
+  // m_use from the reference maxima just set; the exact form where a row of the warp needs it.
+  __device__ __forceinline__ void set_reference(float (&y)[32], Update& u) {
+    for (int r = 0; r < 2; ++r) m_use[r] = row_max[r] == neg_inf() ? 0.0f : row_max[r];
+    if (__any_sync(0xffffffffu, fmaxf(fabsf(m_use[0]), fabsf(m_use[1])) >= kExactExponentsFrom)) {
+      for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(y[i], u.c);
+      u.c = 1.0f;
+    }
+  }
+
   __device__ __forceinline__ static float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
