@@ -100,14 +100,17 @@ std::vector<Case> masked_row_cases() {
   // 2^31, so a reference max rounded apart from the exponents leaves the row's largest P far
   // from 1): still a uniform row in float32 arithmetic. 16-bit cases in float32 biases where
   // the dtype cannot hold them (float16).
+  auto huge_rows = [&](Case c, MaskedRows rows, double big) {
+    c.biases("bn11k", "b1hqk").grads(true, true);
+    c.masked_rows = rows;
+    c.big_bias = big;
+    c.bias_f32 = c.dtype == EVOATTN_FLOAT16;
+    cases.push_back(c);
+  };
   for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
     for (double big : {-3e9, -1e10}) {
       for (MaskedRows rows : {MaskedRows::kMinus1e9, MaskedRows::kPairMinus1e9}) {
-        Case huge = shape(2, 3, 2, 17, 24, 32, dt).biases("bn11k", "b1hqk").grads(true, true);
-        huge.masked_rows = rows;
-        huge.big_bias = big;
-        huge.bias_f32 = dt == EVOATTN_FLOAT16;
-        cases.push_back(huge);
+        huge_rows(shape(2, 3, 2, 17, 24, 32, dt), rows, big);
       }
     }
   }
@@ -116,14 +119,7 @@ std::vector<Case> masked_row_cases() {
   for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
     for (const Case& s : {shape(1, 2, 2, 17, 200, 32, dt), shape(1, 2, 2, 256, 200, 32, dt),
                           shape(1, 2, 2, 192, 136, 64, dt)}) {
-      for (MaskedRows rows : {MaskedRows::kMinus1e9, MaskedRows::kPairMinus1e9}) {
-        Case huge = s;
-        huge.biases("bn11k", "b1hqk").grads(true, true);
-        huge.masked_rows = rows;
-        huge.big_bias = -3e9;
-        huge.bias_f32 = dt == EVOATTN_FLOAT16;
-        cases.push_back(huge);
-      }
+      for (MaskedRows rows : {MaskedRows::kMinus1e9, MaskedRows::kPairMinus1e9}) huge_rows(s, rows, -3e9);
     }
   }
   return cases;
