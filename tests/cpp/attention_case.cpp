@@ -108,10 +108,13 @@ evoattn_tensor_t narrow(const evoattn_tensor_t& t, std::initializer_list<int64_t
   return s;
 }
 
-// One NaN in a key (rows of (B-1, N-1, h = 0) turn NaN), one in a value (column D-1 of O at
-// (0, 0, h = H-1)) and one in the pair bias (row Lq-1 at b = 0, h = 0, if there is one).
+// One NaN in a query (every score of row Lq/2 at (0, N-1, h = 0) NaN: no finite maximum, which a
+// kernel must not take for a masked row), one in a key (rows of (B-1, N-1, h = 0) turn NaN), one
+// in a value (column D-1 of O at (0, 0, h = H-1)) and one in the pair bias (row Lq-1 at b = 0,
+// h = 0, if there is one).
 void plant_nans(const Case& c, Inputs& in) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
+  util::fill_value(narrow(in.q.view, {0, c.N - 1, c.Lq / 2, 0, 0}), nan);
   util::fill_value(narrow(in.k.view, {c.B - 1, c.N - 1, 0, 0, 0}), nan);
   util::fill_value(narrow(in.v.view, {0, 0, c.Lk - 1, c.H - 1, c.D - 1}), nan);
   if (in.pair_bias.view.data)

@@ -65,7 +65,7 @@ struct Case {
   Layout layout = Layout::kContiguous;      // q, k, v, d_o and the biases
   Layout out_layout = Layout::kContiguous;  // o, lse and every gradient
   double scale = 0.0;                       // 0 = the default 1/sqrt(D)
-  bool nan_inputs = false;                  // a NaN in k, v and the pair bias (see plant_nans)
+  bool nan_inputs = false;                  // a NaN in q, k, v and the pair bias (see plant_nans)
   // mask_bias[.., j] += key_ramp * j (the pair bias's, without a mask bias): scores rise along
   // the keys, so later key tiles pass a row's running max (the CUDA forward moves its lazy
   // reference max, or keeps it within slack).

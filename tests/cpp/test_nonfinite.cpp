@@ -1,7 +1,7 @@
 // NaN inputs propagate as IEEE arithmetic would and stay where they are (docs/CONTRACT.md): the forward
 // gives NaN exactly where the float64 reference does and matches it everywhere else; the
-// backward runs. (A NaN in Q is not used: the reference takes an all-NaN score row for a
-// fully masked one and answers O = 0, LSE = -inf.)
+// backward runs. A NaN in Q makes a row whose every score is NaN: O and LSE NaN there, not the
+// masked row's 0 and -inf.
 #include <gtest/gtest.h>
 
 #include "attention_case.h"
@@ -15,6 +15,14 @@ std::vector<Case> nan_cases() {
     Case c = shape(2, 2, 3, 17, 21, 32, dt).biases("bn11k", "b1hqk").grads(true, true);
     c.nan_inputs = true;
     cases.push_back(c);
+  }
+  // Several query and key tiles, at each head-dim bucket of the 16-bit kernels.
+  for (int64_t d : {16, 32, 64}) {
+    for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+      Case c = shape(1, 2, 2, 130, 150, d, dt).biases("bn11k", "b1hqk").grads(true, true);
+      c.nan_inputs = true;
+      cases.push_back(c);
+    }
   }
   return cases;
 }
