@@ -9,7 +9,7 @@
 # 16 with no bias (main): how much of the chain the pair bias's copies are.
 #   usage here (no GPU; clean tree): docs/perf/prepared/v111-call.sh build -> build-v111/bins.txz
 #   on the GPU machine (carry ["build-v111/bins.txz"]): docs/perf/prepared/v111-call.sh
-#          (about 3 minutes)
+#          (about 6 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=docs/perf/prepared
@@ -50,4 +50,8 @@ for h in 4 16; do for b in pair none; do
   echo "main apb768 H$h bias=$b $(build-v111/main/tools/cli/evoattn bench --preset apb768 --H $h --bias $b \
     --backend cuda --forward-only 2>&1 | awk 'NR > 3 {print $(NF-6)}')"
 done; done | tee "$OUT/apb_bias.txt"
+# The automatic choice at N = 1 (perf/log.md v110: the Hopper forward 19-23% faster than the
+# portable one at 96 and 192 items, where fwd_auto_prefers_hopper asks for 528): both families on
+# apb768's variants, one round.
+OUT=$OUT CLI=build-v111/main/tools/cli/evoattn timeout 200 bash scripts/family_sweep.sh 1 < bench/family_sweep_n1_shapes.txt | tail -13
 echo "done at ${SECONDS}s, status $status"
