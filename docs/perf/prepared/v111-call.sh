@@ -6,7 +6,9 @@
 # v110): one block's chain (13 us at H 4) is its tiles' copy latency; a tile further ahead cuts
 # up to a third of it. Times main and v111 at H 4, 16 and 64 in rotated rounds and apb768's f+b,
 # runs the 76 head-dim-24 CUDA cases on v111 under the portable family, then apb768 at H 4 and
-# 16 with no bias (main): how much of the chain the pair bias's copies are.
+# 16 with no bias (main): how much of the chain the pair bias's copies are; then main's two
+# families on apb768's variants (bench/family_sweep_n1_shapes.txt): where the automatic choice
+# should turn.
 #   usage here (no GPU; clean tree): docs/perf/prepared/v111-call.sh build -> build-v111/bins.txz
 #   on the GPU machine (carry ["build-v111/bins.txz"]): docs/perf/prepared/v111-call.sh
 #          (about 6 minutes)
