@@ -52,7 +52,7 @@ for h in 4 16; do for b in pair none; do
   echo "main apb768 H$h bias=$b $(build-v111/main/tools/cli/evoattn bench --preset apb768 --H $h --bias $b \
     --backend cuda --forward-only 2>&1 | awk 'NR > 3 {print $(NF-6)}')"
 done; done | tee "$OUT/apb_bias.txt"
-# The automatic choice at N = 1 (perf/log.md v110: the Hopper forward 19-23% faster than the
+# The automatic choice at N = 1 (perf/log.md v110: the Hopper forward 16-23% faster than the
 # portable one at 96 and 192 items, where fwd_auto_prefers_hopper asks for 528): both families on
 # apb768's variants, one round.
 OUT=$OUT CLI=build-v111/main/tools/cli/evoattn timeout 200 bash scripts/family_sweep.sh 1 < bench/family_sweep_n1_shapes.txt | tail -13
