@@ -11,18 +11,17 @@ namespace {
 
 std::vector<Case> nan_cases() {
   std::vector<Case> cases;
-  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
-    Case c = shape(2, 2, 3, 17, 21, 32, dt).biases("bn11k", "b1hqk").grads(true, true);
+  auto with_nans = [&](Case c) {
+    c.biases("bn11k", "b1hqk").grads(true, true);
     c.nan_inputs = true;
     cases.push_back(c);
+  };
+  for (evoattn_dtype_t dt : {EVOATTN_FLOAT32, EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
+    with_nans(shape(2, 2, 3, 17, 21, 32, dt));
   }
   // Several query and key tiles, at each head-dim bucket of the 16-bit kernels.
   for (int64_t d : {16, 32, 64}) {
-    for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) {
-      Case c = shape(1, 2, 2, 130, 150, d, dt).biases("bn11k", "b1hqk").grads(true, true);
-      c.nan_inputs = true;
-      cases.push_back(c);
-    }
+    for (evoattn_dtype_t dt : {EVOATTN_FLOAT16, EVOATTN_BFLOAT16}) with_nans(shape(1, 2, 2, 130, 150, d, dt));
   }
   return cases;
 }
