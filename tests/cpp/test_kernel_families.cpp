@@ -191,26 +191,30 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
 }
 
 // The automatic choice (EVOATTN_KERNEL_FAMILY unset) takes the Hopper forward where
-// fwd_auto_prefers_hopper says it is faster, given work items enough for every SM (N = 160:
-// 640 (b, n, h) at least, on two, three and four consumers and head dims 32, 64, 128, 16), bit for
-// bit the forced Hopper one, and the portable forward with too few (N = 8: 64 items, below four a
-// block on a GPU of more than 16 SMs).
+// fwd_auto_prefers_hopper says it is faster, bit for bit the forced Hopper one, and the portable
+// forward elsewhere: N = 160 (640 (b, n, h) at least, on two, three and four consumers and head
+// dims 32, 64, 128, 16) has items enough on any GPU; N = 24 at head dim 32 (96 items, one query
+// block of four consumers a (b, n, h)) and N = 8 at head dim 64 (64 items, two of two) fall on
+// either side of the rule on this GPU's SM count (Hopper and portable on 132 SMs).
 TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   std::mt19937_64 rng(97);
   struct Shape {
     int64_t N, L, D;
-    bool hopper;
+    int64_t items;  // the Hopper forward's work items where few; 0: many
   };
-  for (const Shape& shape : {Shape{160, 384, 32, true}, Shape{160, 256, 64, true}, Shape{160, 128, 128, true},
-                             Shape{160, 256, 16, true}, Shape{8, 256, 64, false}}) {
+  for (const Shape& shape : {Shape{160, 384, 32, 0}, Shape{160, 256, 64, 0}, Shape{160, 128, 128, 0},
+                             Shape{160, 256, 16, 0}, Shape{24, 256, 32, 96}, Shape{8, 256, 64, 64}}) {
     SCOPED_TRACE("N" + std::to_string(shape.N) + " L" + std::to_string(shape.L) + " D" + std::to_string(shape.D));
     Inputs in(rng, 1, shape.N, shape.L, 4, shape.D);
     const auto automatic = in.forward("auto");
     const auto hopper = in.forward("hopper");
     const auto portable = in.forward("portable");
     ASSERT_NE(hopper[1], portable[1]) << "the families' LSEs should differ in some last bit";
-    EXPECT_EQ(automatic, shape.hopper ? hopper : portable);
+    const bool takes_hopper = shape.items == 0 || cuda::hopper::fwd_auto_prefers_hopper(shape.items, sms);
+    EXPECT_EQ(automatic, takes_hopper ? hopper : portable);
   }
 }
 
@@ -513,12 +517,14 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_EQ(fwd_consumers_for(64, 384), 3);  // one block an SM at 64
   EXPECT_EQ(fwd_consumers_for(16, 768), 4);
   EXPECT_EQ(fwd_consumers_for(128, 768), 2);  // no three-consumer instantiation at 128
-  // The automatic choice: the Hopper forward from four work items a block (132 SMs).
+  // The automatic choice: the Hopper forward from more work items than half the SMs (132 SMs).
   using cuda::hopper::fwd_auto_prefers_hopper;
   EXPECT_TRUE(fwd_auto_prefers_hopper(768 * 4 * 4, 132));      // tri768
   EXPECT_TRUE(fwd_auto_prefers_hopper(256 * 8 * 2, 132));      // tri256d64 (two consumers)
-  EXPECT_TRUE(fwd_auto_prefers_hopper(528, 132));
-  EXPECT_FALSE(fwd_auto_prefers_hopper(527, 132));
+  EXPECT_TRUE(fwd_auto_prefers_hopper(1 * 24 * 3, 132));       // apb768 at 24 heads: 72 items
+  EXPECT_TRUE(fwd_auto_prefers_hopper(67, 132));
+  EXPECT_FALSE(fwd_auto_prefers_hopper(66, 132));
+  EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 4, 132));      // apb768 at Lq 1024: 64 items
   EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 3, 132));      // apb768: 48 items
   // The backward: the Hopper dK/dV/dQ kernel from four (b, n, h) a block (132 SMs), one at
   // head-dim bucket 64.

@@ -101,13 +101,13 @@ constexpr float kFwdMinScale = 1.0f / 65536.0f;
 enum class Family { kAuto, kHopper, kPortable };
 Family requested_family();
 
-// The automatic choice between the forwards on a 9.x GPU: the Hopper one wherever it has work
-// items enough to keep every SM's block busy a while (4 a block; apb768's 48 items were 20%
-// slower). With fewer items the portable forward's smaller blocks spread further. Re-measured
-// with v53's kernels (docs/perf/log.md v55): at two consumers too the Hopper forward is faster
-// (head dim 128: 0.42-0.56x the portable forward's time; 64: 0.82-0.93x, level at Lq = 128;
-// 32 at Lq = 128: 0.78x; 16 at Lq = 128: 0.96x).
-constexpr bool fwd_auto_prefers_hopper(int64_t items, int sms) { return items >= int64_t{4} * sms; }
+// The automatic choice between the forwards on a 9.x GPU: the Hopper one wherever its work items
+// outnumber half the SMs. Both families timed forward on 25 shapes of 32-264 items at head-dim
+// buckets 16-128 and 12 of apb768's variants (docs/perf/log.md v112, H100): the Hopper forward
+// 0.53-0.92x the portable one's time from 72 items up, everywhere; at 64 items 0.69-1.26x (mixed);
+// at 32-48 items 1.05-1.44x. With fewer items the portable forward's smaller blocks spread
+// further. (Before v112 it asked for 4 items an SM, from v55's sweep of v53's kernels.)
+constexpr bool fwd_auto_prefers_hopper(int64_t items, int sms) { return 2 * items > sms; }
 
 // The block shape (fwd_consumers, fwd_two_n_for) the Hopper forward runs this float16 / bfloat16
 // call with, consumers 0 where it does not take it. It takes it where the library was built with the
