@@ -10,12 +10,13 @@
 #   usage here (no GPU): scripts/prebuild_gpu.sh build-gpu-carry
 #   on the GPU machine (carry ["build-gpu-carry"]): docs/perf/prepared/owed-checks-call.sh checks|sanitize
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../.." || exit 1
 export OUT=${OUT:-$PWD/gpu-results} BUILD=build-gpu-carry
 mkdir -p "$OUT"
 status=0
 case ${1:?usage: owed-checks-call.sh checks|sanitize} in
   checks)
+    # shellcheck source=scripts/run_shards.sh
     source scripts/run_shards.sh
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
     family_tests family

@@ -11,6 +11,6 @@
 #   on the GPU machine (carry ["build-ab/bins.txz"]): docs/perf/prepared/v112-call.sh (not yet timed:
 #          the forward checks took 70 s and two rounds of the shapes about 60 s in session 91)
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../.." || exit 1
 TESTS=both SHAPES_FILE=docs/perf/prepared/v112-shapes.txt BENCH_FLAGS=--forward-only \
   bash scripts/ab_variants.sh run 3
