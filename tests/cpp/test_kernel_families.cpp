@@ -311,12 +311,38 @@ TEST(KernelFamily, HopperBackwardAgreesWithThePortableOneAndAutoTakesItWhereFast
       EXPECT_LE(relative_gap(hopper[i], portable[i]), 2e-2) << names[i];
     }
     const int bucket = cuda::head_dim_bucket(static_cast<int>(D));
-    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(bucket, B * N * H, sms);
+    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(bucket, B * N * H, L, sms);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(automatic[i], hopper_dkdv ? hopper[i] : portable[i]) << names[i];
     // The switch takes the Hopper pair-bias gradient at D = 32 (the pieces of 85 workers fit
     // the workspace; at 24 and below the running dQ leaves too little room); auto, at 36 tiles
     // (pair_bias_auto_prefers_hopper), one of the two, bit for bit.
     EXPECT_TRUE(automatic[3] == hopper[3] || automatic[3] == portable[3]) << "auto's pair-bias gradient";
+  }
+}
+
+// The automatic backward where (b, n, h) are few (bwd_auto_prefers_hopper): the Hopper dK/dV/dQ
+// kernel, bit for bit the forced one, at 32 (b, n, h) with Lq 256 and 88 with Lq 768; the
+// portable kernels at 16 with Lq 256 and 44 with Lq 768 (below Lq / 16), on this GPU's SM count.
+TEST(KernelFamily, AutoTakesTheHopperBackwardAtFewItemsWhereItMeasuredFaster) {
+  if (!hopper_gpu()) GTEST_SKIP() << "needs a GPU of compute capability 9.x";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::mt19937_64 rng(151);
+  struct Shape {
+    int64_t N, L;
+  };
+  for (const Shape& shape : {Shape{8, 256}, Shape{4, 256}, Shape{22, 768}, Shape{11, 768}}) {
+    SCOPED_TRACE("N" + std::to_string(shape.N) + " L" + std::to_string(shape.L));
+    const int64_t H = 4, D = 32;
+    Inputs in(rng, 1, shape.N, shape.L, H, D);
+    const Tensor d_o = random_bf16(rng, {1, shape.N, shape.L, H, D}, -1, 1);
+    in.forward("portable");
+    const auto automatic = backward("auto", d_o, in);
+    const auto hopper = backward("hopper", d_o, in);
+    const auto portable = backward("portable", d_o, in);
+    ASSERT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
+    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(32, shape.N * H, shape.L, sms);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(automatic[i], hopper_dkdv ? hopper[i] : portable[i]) << "gradient " << i;
   }
 }
 
@@ -484,6 +510,9 @@ TEST(KernelFamily, HopperSwitchTakesAnotherForwardThatAgreesWithThePortableOne) 
 TEST(KernelFamily, AutoTakesTheHopperForwardWhereItMeasuredFaster) {
   GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
 }
+TEST(KernelFamily, AutoTakesTheHopperBackwardAtFewItemsWhereItMeasuredFaster) {
+  GTEST_SKIP() << "needs the CUDA backend with the Hopper family (CMAKE_CUDA_ARCHITECTURES with 90)";
+}
 
 #endif
 
@@ -526,17 +555,23 @@ TEST(HopperPlan, ConsumerCountFollowsLqAndTheInstantiations) {
   EXPECT_FALSE(fwd_auto_prefers_hopper(66, 132));
   EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 4, 132));      // apb768 at Lq 1024: 64 items
   EXPECT_FALSE(fwd_auto_prefers_hopper(1 * 16 * 3, 132));      // apb768: 48 items
-  // The backward: the Hopper dK/dV/dQ kernel from four (b, n, h) a block (132 SMs), one at
-  // head-dim bucket 64.
+  // The backward: the Hopper dK/dV/dQ kernel from four (b, n, h) an SM (132 SMs), and from 32
+  // and Lq / 16 up to one an SM; one an SM at head-dim bucket 64.
   using cuda::hopper::bwd_auto_prefers_hopper;
-  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 768 * 4, 132));      // tri768
-  EXPECT_TRUE(bwd_auto_prefers_hopper(16, 4 * 256 * 4, 132));  // template
-  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 528, 132));
-  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 527, 132));
-  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 16, 132));          // apb768: 16 (b, n, h)
-  EXPECT_TRUE(bwd_auto_prefers_hopper(64, 256 * 8, 132));      // tri256d64
-  EXPECT_TRUE(bwd_auto_prefers_hopper(64, 132, 132));
-  EXPECT_FALSE(bwd_auto_prefers_hopper(64, 131, 132));
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 768 * 4, 768, 132));      // tri768
+  EXPECT_TRUE(bwd_auto_prefers_hopper(16, 4 * 256 * 4, 256, 132));  // template
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 528, 256, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 527, 256, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 133, 256, 132));
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 132, 256, 132));
+  EXPECT_TRUE(bwd_auto_prefers_hopper(16, 32, 256, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 31, 256, 132));
+  EXPECT_TRUE(bwd_auto_prefers_hopper(32, 88, 768, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 44, 768, 132));          // 44 < 768 / 16
+  EXPECT_FALSE(bwd_auto_prefers_hopper(32, 16, 768, 132));          // apb768: 16 (b, n, h)
+  EXPECT_TRUE(bwd_auto_prefers_hopper(64, 256 * 8, 256, 132));      // tri256d64
+  EXPECT_TRUE(bwd_auto_prefers_hopper(64, 132, 256, 132));
+  EXPECT_FALSE(bwd_auto_prefers_hopper(64, 131, 256, 132));
   // The pair-bias gradient by tiles (B H ceil(Lq / 128) ceil(Lk / 128)).
   using cuda::hopper::pair_bias_auto_prefers_hopper;
   EXPECT_TRUE(pair_bias_auto_prefers_hopper(4 * 6 * 6));       // tri768

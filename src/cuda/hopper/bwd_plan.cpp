@@ -85,7 +85,7 @@ bool bwd_usable(const BwdParams& p, const LaunchPlan& plan, bool* dq_pool) {
   const bool dq_global = bwd_dq_global(p, plan, sms);
   const int consumers = bwd_consumers_for(bucket, plan.q_tiles, p.Lk, dq_global);
   if ((items + sms - 1) / sms * bwd_key_blocks(consumers, p.Lk) * plan.q_tiles >= (int64_t{1} << 31)) return false;
-  if (family == Family::kAuto && !bwd_auto_prefers_hopper(bucket, items, sms)) return false;
+  if (family == Family::kAuto && !bwd_auto_prefers_hopper(bucket, items, p.Lq, sms)) return false;
   if (!tile_takes_tma(p, plan) || !seq_tensors_take_tma(p)) return false;
   size_t allowed = 0;
   if (smem_per_block_limit(p.device, &allowed) != cudaSuccess ||

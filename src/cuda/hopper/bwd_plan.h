@@ -101,11 +101,16 @@ constexpr int bwd_consumers_for(int bucket, int64_t q_tiles, int64_t Lk, bool dq
 
 // The automatic choice between the backwards on a 9.x GPU: the Hopper dK/dV/dQ kernel
 // (bwd_usable) at head-dim buckets 16 and 32 wherever (b, n, h) give every SM four or more
-// (apb768's 16 ran slower; re-measured with v53's kernels at Lq = 128 too, docs/perf/log.md v55);
-// at bucket 64 from one a SM (L 256 and 128, H 8: faster from 128 (b, n, h) up, perf log v60;
-// fewer not measured).
-constexpr bool bwd_auto_prefers_hopper(int bucket, int64_t items, int sms) {
-  return items >= int64_t{bucket == 64 ? 1 : 4} * sms;
+// (docs/perf/log.md v55), and where they are at most one an SM, at least 32 and at least Lq / 16
+// (perf/log.md v113, mask-only shapes at buckets 16 and 32: the Hopper backward 0.50-0.79x the
+// portable one's time at 32-132 (b, n, h) with Lq 256 and 0.60x at 88 with Lq 768; 1.23x at 16
+// with Lq 256, 1.64x at 24 and 1.04x at 44 with Lq 768, where a block's chain over the query tiles
+// is long and few blocks share the work; with a pair bias, f+b 1.26-1.37x at 264 with Lq 256, so
+// not between one and four an SM); at bucket 64 from one a SM (L 256 and 128, H 8: faster from 128
+// (b, n, h) up, perf log v60; fewer not measured).
+constexpr bool bwd_auto_prefers_hopper(int bucket, int64_t items, int64_t Lq, int sms) {
+  if (bucket == 64) return items >= sms;
+  return items >= int64_t{4} * sms || (items <= sms && items >= 32 && items * 16 >= Lq);
 }
 
 // Whether the Hopper backward's dK/dV/dQ kernel takes this float16 / bfloat16 call: the library
