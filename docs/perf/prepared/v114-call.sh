@@ -6,6 +6,7 @@
 #   2. every CUDA case under the automatic choice
 #   3. f+b and forward under auto and with the portable family forced, two rounds, on shapes with
 #      both biases that the rule moves (the backward: f+b - forward)
+#   4. apb768's kernel durations by ncu against its event-timed f+b
 #   on the GPU machine (carry ["build-gpu-carry"]): docs/perf/prepared/v114-call.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 1
@@ -33,5 +34,12 @@ for round in 1 2; do
 done
 echo "means (ms): shape family fwd f+b bwd"
 awk '{k = $2 " " $3; f[k] += $5; b[k] += $7; c[k]++} END {for (k in f) printf "%s %.5f %.5f %.5f\n", k, f[k] / c[k], b[k] / c[k], (b[k] - f[k]) / c[k]}' "$OUT/v114-times.txt" | sort
+echo "step 3 done at ${SECONDS}s"
+# 4. apb768's kernels' own durations (ncu, one f+b after one warm-up) against its event times: how
+#    much of its f+b is host time between the kernels.
+timeout 120 ncu --metrics gpu__time_duration.sum "$CLI" bench --preset apb768 --backend cuda --iters 1 --warmup 1 \
+  > "$OUT/apb768-ncu.txt" 2>&1
+grep -E 'Context [0-9]|gpu__time_duration' "$OUT/apb768-ncu.txt" | sed -E 's/^ +//; s/<.*//; s/\(.*//' | tail -24
+"$CLI" bench --preset apb768 --backend cuda | tail -1
 echo "done at ${SECONDS}s, status $status"
 exit $status
