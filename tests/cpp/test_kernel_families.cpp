@@ -341,7 +341,8 @@ TEST(KernelFamily, AutoTakesTheHopperBackwardAtFewItemsWhereItMeasuredFaster) {
     const auto hopper = backward("hopper", d_o, in);
     const auto portable = backward("portable", d_o, in);
     ASSERT_NE(hopper[0], portable[0]) << "the switch did not change the backward";
-    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(32, shape.N * H, shape.L, sms);
+    const int bucket = cuda::head_dim_bucket(static_cast<int>(D));
+    const bool hopper_dkdv = cuda::hopper::bwd_auto_prefers_hopper(bucket, shape.N * H, shape.L, sms);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(automatic[i], hopper_dkdv ? hopper[i] : portable[i]) << "gradient " << i;
   }
 }
