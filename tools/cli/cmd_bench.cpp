@@ -45,7 +45,8 @@ pair bias), which takes a few seconds on the CPU.
   --threads N      CPU threads (default: all)
   --verify         also run each shape reduced to B=1, N<=2 and compare o, lse, dq, dk, dv
                    and d(pair_bias) with a float64 reference; exit code 1 on any FAIL
-  --csv FILE       append one row per shape to FILE (a header first when it is empty)
+  --csv FILE       append one row per shape to FILE (a header first when it is empty); its
+                   last columns add the host's median microseconds in the calls timed
   --peak-tflops X, --peak-tbps X, --clock-mhz X
                    the floor's dense bf16 rate, copy bandwidth and SM clock (default: the
                    H100 ceilings of docs/CONTRACT.md, 729 TFLOP/s, 3.02 TB/s, 1980 MHz)
@@ -129,6 +130,7 @@ Settings settings_from(const Args& args) {
 struct Row {
   ProblemShape shape;
   double fwd_ms, fb_ms;
+  double fwd_host_us, fb_host_us;  // the host's time in the calls (CSV only)
   double fwd_flops, fb_flops;
   double fwd_floor_ms, fb_floor_ms;  // CUDA only
   size_t extra_bytes;
@@ -200,7 +202,7 @@ void print_verification(std::ostream& out, const Verification& v) {
 
 const char* kCsvHeader =
     "name,B,N,Lq,Lk,H,D,biases,backend,device,dtype,tf32,fwd_ms,fwd_tflops,fb_ms,fb_tflops,"
-    "fwd_floor_ms,fb_floor_ms,extra_bytes,verify";
+    "fwd_floor_ms,fb_floor_ms,extra_bytes,verify,fwd_host_us,fb_host_us";
 
 void append_csv(std::ofstream& csv, const Settings& s, const Timer& timer, const Row& r,
                 const std::string& verdict) {
@@ -220,7 +222,7 @@ void append_csv(std::ofstream& csv, const Settings& s, const Timer& timer, const
   } else {
     csv << ",,";
   }
-  csv << ',' << verdict << '\n';
+  csv << ',' << verdict << format(",%.1f,", r.fwd_host_us) << fb_field(r.fb_host_us) << '\n';
   csv.flush();
 }
 
@@ -230,19 +232,22 @@ Row measure(const ProblemShape& shape, const Settings& s, Timer& timer, std::mt1
   const AttentionCall call(inputs, s.device, s.options,
                            GradRequest{false, shape.pair_bias, s.dtype});
   void* stream = timer.stream();
-  const double fwd_ms = timer.median_ms([&] { call.forward(stream); }, s.warmup, s.iters);
+  double fwd_host_us = 0, fb_host_us = std::numeric_limits<double>::quiet_NaN();
+  const double fwd_ms = timer.median_ms([&] { call.forward(stream); }, s.warmup, s.iters, &fwd_host_us);
   const double fb_ms = s.forward_only ? std::numeric_limits<double>::quiet_NaN()
                                       : timer.median_ms(
                                             [&] {
                                               call.forward(stream);
                                               call.backward(stream);
                                             },
-                                            s.warmup, s.iters);
+                                            s.warmup, s.iters, &fb_host_us);
   const size_t elem = util::dtype_size(s.dtype);
   const Work fwd = forward_work(shape, elem), fb = forward_backward_work(shape, elem);
   return Row{shape,
              fwd_ms,
              fb_ms,
+             fwd_host_us,
+             fb_host_us,
              fwd.flops,
              fb.flops,
              floor_ms(fwd, s.rates),

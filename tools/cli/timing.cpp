@@ -45,18 +45,24 @@ Timer::~Timer() {
 #endif
 }
 
-double Timer::median_ms(const std::function<void()>& call, int warmup, int iters) {
+double Timer::median_ms(const std::function<void()>& call, int warmup, int iters, double* host_us) {
   for (int i = 0; i < warmup; ++i) call();
-  std::vector<double> samples;
+  std::vector<double> samples, host_samples;
   samples.reserve(iters);
+  host_samples.reserve(iters);
+  // The call, its host time recorded.
+  const auto timed_call = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    host_samples.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  };
   if (device_ == EVOATTN_DEVICE_CPU) {
     for (int i = 0; i < iters; ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      call();
-      samples.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
+      timed_call();
+      samples.push_back(host_samples.back() * 1e-3);
     }
+    if (host_us != nullptr) *host_us = median(host_samples);
     return median(samples);
   }
 #ifdef EVOATTN_WITH_CUDA
@@ -66,7 +72,7 @@ double Timer::median_ms(const std::function<void()>& call, int warmup, int iters
     check_cuda(cudaMemsetAsync(l2_flush_.data(), i & 0xff, l2_flush_.bytes(), stream),
                "cudaMemsetAsync");
     check_cuda(cudaEventRecord(start_, stream), "cudaEventRecord");
-    call();
+    timed_call();
     check_cuda(cudaEventRecord(stop_, stream), "cudaEventRecord");
     check_cuda(cudaEventSynchronize(stop_), "cudaEventSynchronize");
     float ms = 0.0f;
@@ -74,6 +80,7 @@ double Timer::median_ms(const std::function<void()>& call, int warmup, int iters
     samples.push_back(ms);
   }
 #endif
+  if (host_us != nullptr) *host_us = median(host_samples);
   return median(samples);
 }
 
