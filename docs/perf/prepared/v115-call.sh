@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 93 (prepared/README items 0 and 0c), on scripts/prebuild_gpu.sh build-gpu-carry's binaries:
-#   1. the backward's choice between one and four (b, n, h) an SM with both biases: f+b and
+#   1. the kernel-family tests (v114's few-item backward test, rewritten after its first run)
+#   2. the backward's choice between one and four (b, n, h) an SM with both biases: f+b and
 #      forward under each family and auto, two rounds, at N 33-132 (132-528 (b, n, h)), L 256,
 #      H 4, D 32 and 16; then each kernel's duration by ncu at N 66 under each family
-#   2. the kernel-family tests (v114's few-item backward test, rewritten after its first run)
 #   3. gpu_check.sh sanitize-hopper (its last two racecheck shards owed since session 89)
 #   on the GPU machine (carry ["build-gpu-carry"]): docs/perf/prepared/v115-call.sh
 set -uo pipefail
@@ -14,6 +14,9 @@ mkdir -p "$OUT"
 source scripts/run_shards.sh
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+TEST_TIMEOUT=200 family_tests family || status=1
+grep -E '^\[  FAILED|Failure|Expected|Which is|actual|test_kernel_families' "$OUT/family.log" | head -20
+echo "step 1 done at ${SECONDS}s"
 CLI=$BUILD/tools/cli/evoattn
 : > "$OUT/v115-times.txt"
 for round in 1 2; do
@@ -34,9 +37,6 @@ for family in portable auto hopper; do
   grep -E '^  [a-z_]+.*\(|gpu__time_duration' "$OUT/ncu-n66-$family.txt" | sed -E 's/^ +//; s/\(.*//; s/^gpu__time_duration.sum +us +//' |
     paste - - | tail -6
 done
-echo "step 1 done at ${SECONDS}s"
-TEST_TIMEOUT=200 family_tests family || status=1
-grep -E '^\[  FAILED|Failure|Expected|Which is|actual|test_kernel_families' "$OUT/family.log" | head -20
 echo "step 2 done at ${SECONDS}s"
 PREBUILT=$BUILD bash scripts/gpu_check.sh sanitize-hopper || status=1
 echo "done at ${SECONDS}s, status $status"
