@@ -62,24 +62,23 @@ double Timer::median_ms(const std::function<void()>& call, int warmup, int iters
       timed_call();
       samples.push_back(host_samples.back() * 1e-3);
     }
-    if (host_us != nullptr) *host_us = median(host_samples);
-    return median(samples);
-  }
+  } else {
 #ifdef EVOATTN_WITH_CUDA
-  using util::check_cuda;
-  const auto stream = static_cast<cudaStream_t>(stream_);
-  for (int i = 0; i < iters; ++i) {
-    check_cuda(cudaMemsetAsync(l2_flush_.data(), i & 0xff, l2_flush_.bytes(), stream),
-               "cudaMemsetAsync");
-    check_cuda(cudaEventRecord(start_, stream), "cudaEventRecord");
-    timed_call();
-    check_cuda(cudaEventRecord(stop_, stream), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-    float ms = 0.0f;
-    check_cuda(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
-    samples.push_back(ms);
-  }
+    using util::check_cuda;
+    const auto stream = static_cast<cudaStream_t>(stream_);
+    for (int i = 0; i < iters; ++i) {
+      check_cuda(cudaMemsetAsync(l2_flush_.data(), i & 0xff, l2_flush_.bytes(), stream),
+                 "cudaMemsetAsync");
+      check_cuda(cudaEventRecord(start_, stream), "cudaEventRecord");
+      timed_call();
+      check_cuda(cudaEventRecord(stop_, stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+      float ms = 0.0f;
+      check_cuda(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+      samples.push_back(ms);
+    }
 #endif
+  }
   if (host_us != nullptr) *host_us = median(host_samples);
   return median(samples);
 }
