@@ -7,8 +7,8 @@
 #   2. v117-shapes.txt timed two rounds: v0, v1 and v2 under auto, v1 under forced portable and
 #      forced Hopper (the shapes between one and four (b, n, h) an SM, with both biases and with
 #      the mask alone, at Lq 256 and one at Lq 768; tri256 as the control the rule leaves alone)
-#   2b. apb768's forward (item 0d): its kernels' own durations by ncu at the boost clock against the
-#      event time, at 4 and 16 heads (v0)
+#   2b. apb768's forward (item 0d): its kernels' own durations by ncu at the GPU's own clocks
+#      (scripts/kernel_times.sh) against the event time, at 4 and 16 heads (v0)
 #   3. v2's CUDA cases under auto (B1 N64 H4 in the grids, 256 (b, n, h), now takes the Hopper
 #      backward)
 #   on the GPU machine (carry ["build-ab117/bins.txz"]): docs/perf/prepared/v117-call.sh
@@ -31,16 +31,12 @@ SHAPES_FILE=docs/perf/prepared/v117-shapes.txt TESTS=0 \
   bash scripts/ab_variants.sh run 2 > "$OUT/ab.txt" 2>&1 || status=1
 sed -n '/^means/,$p' "$OUT/ab.txt"
 echo "step 2 done at ${SECONDS}s"
-# Item 0d: apb768's forward, the kernels' own durations (ncu at the boost clock, not its base)
-# against the event time of the same call, at 4 and 16 heads, v0 under auto.
+# Item 0d: apb768's forward, the kernels' own durations (ncu at the GPU's own clocks) beside the
+# event time of the same CLI, at 4 and 16 heads, v0 under auto.
 for heads in 4 16; do
   echo "apb768 forward at H $heads, event ms (median of 100): $(build-ab/v0/evoattn bench --preset apb768 \
     --H $heads --forward-only --backend cuda 2>&1 | tail -1 | awk '{print $(NF-6)}')"
-  timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum build-ab/v0/evoattn bench \
-    --preset apb768 --H $heads --forward-only --backend cuda --iters 3 --warmup 0 > "$OUT/ncu-apb768-fwd-h$heads.txt" 2>&1
-  echo "  its kernels by ncu (us, three calls):"
-  grep -E '^  [a-z_:]+.*\(|gpu__time_duration' "$OUT/ncu-apb768-fwd-h$heads.txt" | sed -E 's/^ +//; s/\(.*//; s/^gpu__time_duration.sum +us +//' |
-    paste - - | tail -6
+  CLI=build-ab/v0/evoattn BENCH_FLAGS="--H $heads --forward-only" timeout 60 bash scripts/kernel_times.sh apb768
 done
 echo "step 2b done at ${SECONDS}s"
 if [ $((${CALL_LIMIT:-570} - SECONDS)) -gt 60 ]; then
