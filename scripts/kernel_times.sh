@@ -16,7 +16,8 @@ for preset in "$@"; do
   echo "== $preset ${BENCH_FLAGS:-}"
   # shellcheck disable=SC2086 # BENCH_FLAGS: several flags
   ncu --clock-control none --print-units base --metrics gpu__time_duration.sum \
-    "$CLI" bench --preset "$preset" ${BENCH_FLAGS:-} --backend cuda --dtype bf16 --iters 1 --warmup 0 2>&1 |
+    "$CLI" bench --preset "$preset" ${BENCH_FLAGS:-} --backend cuda --dtype bf16 --iters 1 \
+    --warmup 0 2>&1 |
     awk '/Context [0-9]+, Stream/ {sub(/ \([0-9]+, [0-9]+, [0-9]+\)x.*/, ""); sub(/^ +/, ""); name = $0}
          /gpu__time_duration.sum/ {gsub(/,/, "", $3); u = $2 ~ /^n/ ? 1e-3 : $2 ~ /^m/ ? 1e3 : 1
                                    printf "%10.1f us  %s\n", $3 * u, name}'

@@ -34,9 +34,10 @@ echo "step 2 done at ${SECONDS}s"
 # Item 0d: apb768's forward, the kernels' own durations (ncu at the GPU's own clocks) beside the
 # event time of the same CLI, at 4 and 16 heads, v0 under auto.
 for heads in 4 16; do
-  echo "apb768 forward at H $heads, event ms (median of 100): $(build-ab/v0/evoattn bench --preset apb768 \
-    --H $heads --forward-only --backend cuda 2>&1 | tail -1 | awk '{print $(NF-6)}')"
-  CLI=build-ab/v0/evoattn BENCH_FLAGS="--H $heads --forward-only" timeout 60 bash scripts/kernel_times.sh apb768
+  echo "apb768 forward at H $heads, event ms (median of 100): $(build-ab/v0/evoattn bench \
+    --preset apb768 --H $heads --forward-only --backend cuda 2>&1 | awk 'END {print $(NF-6)}')"
+  CLI=build-ab/v0/evoattn BENCH_FLAGS="--H $heads --forward-only" timeout 60 \
+    bash scripts/kernel_times.sh apb768
 done
 echo "step 2b done at ${SECONDS}s"
 if [ $((${CALL_LIMIT:-570} - SECONDS)) -gt 60 ]; then
