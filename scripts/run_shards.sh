@@ -1,5 +1,5 @@
-# Sourced by scripts/gpu_check.sh, scripts/ab_bench.sh, scripts/ab_variants.sh and
-# scripts/prebuild_gpu.sh (planner_tests, at the end, the one step that needs no GPU): the test
+# Sourced by scripts/gpu_check.sh, scripts/ab_bench.sh, scripts/ab_variants.sh, the prepared
+# calls and scripts/prebuild_gpu.sh (planner_tests, at the end, needs no GPU): the test
 # binary in shards on all cores (the float64 references are the cost) under one kernel family,
 # into $OUT/<name>.log; prints the passed and skipped counts and any failure, and sets status=1
 # on one. sanitize_shards (at the end) does the same under compute-sanitizer.
@@ -66,6 +66,18 @@ sanitize_shards() {
   echo "compute-sanitizer $tool ($family): rc=$rc, $(grep -cE '^\[       OK \]' "$OUT/$name.log") tests passed," \
     "$(grep -cE '^\[  FAILED  \] .*\(' "$OUT/$name.log") failed; $(grep -E 'SUMMARY' "$OUT/$name.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
   [ $rc -eq 0 ] || status=1
+}
+# The CUDA cases under the automatic choice as a prepared call's last step, given the seconds left
+# before CALL_LIMIT (default 570; the shell's SECONDS count from the calling script's start), so
+# that the call ends within the device tool's 10 minutes; skipped with under a minute left.
+#   usage: cuda_auto_within_call_limit   (needs BUILD and OUT)
+cuda_auto_within_call_limit() {
+  local left=$((${CALL_LIMIT:-570} - SECONDS))
+  if [ $left -gt 60 ]; then
+    TEST_TIMEOUT=$left run_shards cuda_auto auto "$CUDA_CASES"
+  else
+    echo "the CUDA cases under auto skipped: under a minute left of CALL_LIMIT"
+  fi
 }
 # The planner tests, which need no GPU (HopperPlan, BackwardPlan), run where the binaries are
 # built: one that fails would otherwise stop the GPU machine's harness before its timings (session

@@ -31,10 +31,6 @@ echo "step 2 done at ${SECONDS}s"
 export BUILD=build-ab/tb
 # shellcheck source=scripts/run_shards.sh
 source scripts/run_shards.sh
-if [ $((${CALL_LIMIT:-570} - SECONDS)) -gt 60 ]; then
-  TEST_TIMEOUT=$((${CALL_LIMIT:-570} - SECONDS)) run_shards cuda_auto auto "$CUDA_CASES"
-else
-  echo "step 3 skipped: under a minute left of CALL_LIMIT"
-fi
+cuda_auto_within_call_limit
 echo "done at ${SECONDS}s, status $status"
 exit $status

@@ -40,10 +40,6 @@ for heads in 4 16; do
     bash scripts/kernel_times.sh apb768
 done
 echo "step 2b done at ${SECONDS}s"
-if [ $((${CALL_LIMIT:-570} - SECONDS)) -gt 60 ]; then
-  TEST_TIMEOUT=$((${CALL_LIMIT:-570} - SECONDS)) run_shards cuda_auto auto "$CUDA_CASES"
-else
-  echo "step 3 skipped: under a minute left of CALL_LIMIT"
-fi
+cuda_auto_within_call_limit
 echo "done at ${SECONDS}s, status $status"
 exit $status
