@@ -17,8 +17,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 1
 export OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT" build-ab/tb/tests/cpp
+# ab_variants.sh run (step 2) unpacks every binary; step 1 needs only v2's test binary first.
 cp build-ab117/bins.txz build-ab/bins.txz
-python3 -c "import tarfile; tarfile.open('build-ab/bins.txz').extractall('build-ab')"
+python3 -c "import tarfile
+tarfile.open('build-ab/bins.txz').extract('v2/evoattn_tests', 'build-ab')"
 cp build-ab/v2/evoattn_tests build-ab/tb/tests/cpp/
 export BUILD=build-ab/tb
 status=0
